@@ -1,0 +1,1 @@
+"""vigil: what AI agents are really doing, from their event streams."""

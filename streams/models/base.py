@@ -1,0 +1,61 @@
+"""Base class of every contract model, and the link from a model to its ``.avsc`` file."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
+
+
+def to_millis(value: datetime) -> datetime:
+    """Avro ``timestamp-millis`` keeps milliseconds; truncating on the way in keeps
+    round-trips exact instead of surprising a consumer with a changed microsecond."""
+    value = value.astimezone(UTC)
+    return value.replace(microsecond=(value.microsecond // 1000) * 1000)
+
+
+@cache
+def schema_text(name: str) -> str:
+    """The ``.avsc`` text of a record, by its simple name."""
+    return (SCHEMA_DIR / f"{name}.avsc").read_text()
+
+
+class Record(BaseModel):
+    """A contract record: immutable, strict about unknown fields, times in UTC milliseconds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: Simple name of the Avro record; the ``.avsc`` file is ``schemas/<name>.avsc``.
+    avro_name: ClassVar[str]
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _millis(cls, value: Any) -> Any:
+        if isinstance(value, datetime):
+            if value.tzinfo is None:
+                raise ValueError("timestamps must carry a timezone (UTC)")
+            return to_millis(value)
+        return value
+
+    @classmethod
+    def avro_schema_str(cls) -> str:
+        return schema_text(cls.avro_name)
+
+    @classmethod
+    def avro_schema(cls) -> dict[str, Any]:
+        return json.loads(cls.avro_schema_str())
+
+    @classmethod
+    def avro_fullname(cls) -> str:
+        s = cls.avro_schema()
+        return f"{s['namespace']}.{s['name']}"
+
+    def to_avro(self) -> dict[str, Any]:
+        """The dict that fastavro writes: enums as their symbol strings, nested records as dicts."""
+        return self.model_dump(mode="python")

@@ -1,0 +1,164 @@
+"""Output records: vigil's public contract towards downstream services and alerting."""
+
+from __future__ import annotations
+
+from pydantic import AwareDatetime
+
+from streams.models.base import Record
+from streams.models.enums import (
+    AlertKind,
+    AlertStatus,
+    AnomalyKind,
+    ApprovalVerdictCode,
+    EvidenceSource,
+    ExecutionStatus,
+    OperationStatus,
+    Owner,
+    Proof,
+    ProofState,
+    RetryVerdict,
+    Severity,
+    WorkItemKind,
+)
+
+
+class ExecutionState(Record):
+    avro_name = "ExecutionState"
+    execution_id: str
+    status: ExecutionStatus
+    since: AwareDatetime
+    first_seen_at: AwareDatetime
+    last_event_at: AwareDatetime
+    last_sequence: int
+    open_operation_ids: tuple[str, ...] = ()
+    open_approval_ids: tuple[str, ...] = ()
+    terminal: bool
+    state_id: str
+
+
+class OperationState(Record):
+    avro_name = "OperationState"
+    operation_id: str
+    execution_id: str
+    attempt: int
+    idempotency_key: str | None = None
+    connector: str
+    status: OperationStatus
+    retry: RetryVerdict
+    reason: str | None = None
+    since: AwareDatetime
+    reply_due_at: AwareDatetime | None = None
+    verify_due_at: AwareDatetime | None = None
+    effect_ref: str | None = None
+    open_work_item_id: str | None = None
+    state_id: str
+
+
+class ReconciliationWorkItem(Record):
+    avro_name = "ReconciliationWorkItem"
+    work_item_id: str
+    operation_id: str
+    execution_id: str
+    attempt: int
+    idempotency_key: str | None = None
+    connector: str
+    kind: WorkItemKind
+    deadline: AwareDatetime
+    created_at: AwareDatetime
+    effect_ref: str | None = None
+
+
+class WorkItemResolution(Record):
+    avro_name = "WorkItemResolution"
+    resolution_id: str
+    work_item_id: str
+    operation_id: str
+    execution_id: str
+    attempt: int
+    outcome: OperationStatus
+    evidence_source: EvidenceSource
+    resolved_at: AwareDatetime
+
+
+class ProofFinding(Record):
+    avro_name = "ProofFinding"  # nested in ApprovalVerdict.avsc, no file of its own
+    proof: Proof
+    state: ProofState
+    reason: str
+
+
+class Thresholds(Record):
+    avro_name = "Thresholds"  # nested in ApprovalVerdict.avsc, no file of its own
+    grace_ms: int
+    heartbeat_fresh_ms: int
+    delivery_deadline_ms: int
+    evaluated_at: AwareDatetime
+
+
+class ApprovalVerdict(Record):
+    avro_name = "ApprovalVerdict"
+    verdict_id: str
+    request_id: str
+    execution_id: str
+    verdict: ApprovalVerdictCode
+    previous_verdict: ApprovalVerdictCode | None = None
+    failed_proofs: tuple[ProofFinding, ...] = ()
+    owner: Owner
+    next_step: str
+    thresholds: Thresholds
+    evaluated_at: AwareDatetime
+
+
+class Alert(Record):
+    avro_name = "Alert"
+    alert_id: str
+    kind: AlertKind
+    status: AlertStatus
+    severity: Severity
+    execution_id: str
+    subject_id: str
+    verdict: str | None = None
+    owner: Owner
+    next_step: str
+    evidence: tuple[str, ...] = ()
+    occurred_at: AwareDatetime
+    resolves_alert_id: str | None = None
+
+
+class Anomaly(Record):
+    avro_name = "Anomaly"
+    anomaly_id: str
+    kind: AnomalyKind
+    reason: str
+    execution_id: str | None = None
+    event_id: str | None = None
+    event_type: str | None = None
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    occurred_at: AwareDatetime | None = None
+    detected_at: AwareDatetime
+
+
+class DeadLetter(Record):
+    avro_name = "DeadLetter"
+    dead_letter_id: str
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    source_timestamp: AwareDatetime | None = None
+    reason: str
+    original_key: bytes | None = None
+    original_value: bytes | None = None
+
+
+OUTPUT_MODELS: tuple[type[Record], ...] = (
+    ExecutionState,
+    OperationState,
+    ReconciliationWorkItem,
+    WorkItemResolution,
+    ApprovalVerdict,
+    Alert,
+    Anomaly,
+    DeadLetter,
+)
