@@ -33,6 +33,8 @@ class Record(BaseModel):
 
     #: Simple name of the Avro record; the ``.avsc`` file is ``schemas/<name>.avsc``.
     avro_name: ClassVar[str]
+    #: Field whose value is the Kafka key (``None``: unkeyed, like clock ticks).
+    key_field: ClassVar[str | None] = "execution_id"
 
     @field_validator("*", mode="after")
     @classmethod
@@ -55,6 +57,9 @@ class Record(BaseModel):
     def avro_fullname(cls) -> str:
         s = cls.avro_schema()
         return f"{s['namespace']}.{s['name']}"
+
+    def kafka_key(self) -> str | None:
+        return None if self.key_field is None else getattr(self, self.key_field)
 
     def to_avro(self) -> dict[str, Any]:
         """The dict that fastavro writes: enums as their symbol strings, nested records as dicts."""

@@ -123,6 +123,7 @@ class ClockTick(Record):
     """Not an event of any execution: wall-clock time written into the log as data."""
 
     avro_name = "ClockTick"
+    key_field = None
     ticker_id: str
     partition: int
     occurred_at: AwareDatetime

@@ -38,6 +38,7 @@ class ExecutionState(Record):
 
 class OperationState(Record):
     avro_name = "OperationState"
+    key_field = "operation_id"
     operation_id: str
     execution_id: str
     attempt: int
@@ -56,6 +57,7 @@ class OperationState(Record):
 
 class ReconciliationWorkItem(Record):
     avro_name = "ReconciliationWorkItem"
+    key_field = "operation_id"
     work_item_id: str
     operation_id: str
     execution_id: str
@@ -70,6 +72,7 @@ class ReconciliationWorkItem(Record):
 
 class WorkItemResolution(Record):
     avro_name = "WorkItemResolution"
+    key_field = "operation_id"
     resolution_id: str
     work_item_id: str
     operation_id: str
@@ -81,14 +84,18 @@ class WorkItemResolution(Record):
 
 
 class ProofFinding(Record):
-    avro_name = "ProofFinding"  # nested in ApprovalVerdict.avsc, no file of its own
+    # Nested in ApprovalVerdict.avsc: no file, no topic of its own.
+    avro_name = "ProofFinding"
+    key_field = None
     proof: Proof
     state: ProofState
     reason: str
 
 
 class Thresholds(Record):
-    avro_name = "Thresholds"  # nested in ApprovalVerdict.avsc, no file of its own
+    # Nested in ApprovalVerdict.avsc: no file, no topic of its own.
+    avro_name = "Thresholds"
+    key_field = None
     grace_ms: int
     heartbeat_fresh_ms: int
     delivery_deadline_ms: int
@@ -97,6 +104,7 @@ class Thresholds(Record):
 
 class ApprovalVerdict(Record):
     avro_name = "ApprovalVerdict"
+    key_field = "request_id"
     verdict_id: str
     request_id: str
     execution_id: str
@@ -111,6 +119,7 @@ class ApprovalVerdict(Record):
 
 class Alert(Record):
     avro_name = "Alert"
+    key_field = "subject_id"
     alert_id: str
     kind: AlertKind
     status: AlertStatus
@@ -142,6 +151,7 @@ class Anomaly(Record):
 
 class DeadLetter(Record):
     avro_name = "DeadLetter"
+    key_field = None
     dead_letter_id: str
     source_topic: str
     source_partition: int

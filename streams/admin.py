@@ -1,0 +1,73 @@
+"""Creating topics and preparing the registry, idempotently."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from streams.codec import AvroCodec, set_backward_compatibility
+from streams.settings import Settings
+from streams.topics import Topics, TopicSpec
+
+
+@dataclass(frozen=True, slots=True)
+class TopicOutcome:
+    name: str
+    created: bool
+    detail: str
+
+
+def admin_client(settings: Settings) -> AdminClient:
+    return AdminClient(settings.confluent_conf())
+
+
+def create_topics(
+    settings: Settings, specs: tuple[TopicSpec, ...] | None = None, timeout: float = 30.0
+) -> list[TopicOutcome]:
+    """Create every catalogue topic that does not exist yet. An existing topic with another
+    partition count is reported, not altered: repartitioning breaks co-partitioning."""
+    specs = specs if specs is not None else Topics.from_settings(settings).all()
+    admin = admin_client(settings)
+    existing = admin.list_topics(timeout=timeout).topics
+    outcomes: list[TopicOutcome] = []
+    todo: list[TopicSpec] = []
+    for spec in specs:
+        meta = existing.get(spec.name)
+        if meta is None:
+            todo.append(spec)
+            continue
+        n = len(meta.partitions)
+        detail = "exists" if n == spec.partitions else f"exists with {n} partitions (!)"
+        outcomes.append(TopicOutcome(spec.name, False, detail))
+    if todo:
+        futures = admin.create_topics(
+            [
+                NewTopic(
+                    s.name,
+                    num_partitions=s.partitions,
+                    replication_factor=settings.replication_factor,
+                    config=s.config(),
+                )
+                for s in todo
+            ],
+            operation_timeout=timeout,
+        )
+        for name, fut in futures.items():
+            try:
+                fut.result(timeout)
+                outcomes.append(TopicOutcome(name, True, "created"))
+            except KafkaException as exc:
+                err = exc.args[0]
+                if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    outcomes.append(TopicOutcome(name, False, "exists"))
+                else:
+                    raise
+    return sorted(outcomes, key=lambda o: o.name)
+
+
+def prepare_registry(settings: Settings, codec: AvroCodec) -> None:
+    """BACKWARD compatibility for every subject we write, so that an incompatible producer is
+    refused by the registry before it reaches a topic."""
+    set_backward_compatibility(codec.registry)

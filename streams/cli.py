@@ -1,0 +1,264 @@
+"""The ``vigil`` command line.
+
+Every command reads its connection settings from the environment (see ``vigil config``) and
+accepts flags that override them. Without ``KAFKA_BOOTSTRAP_SERVERS``, commands that need a
+cluster use the local one that ``vigil dev up`` starts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from streams.settings import Settings
+
+app = typer.Typer(
+    name="vigil",
+    help=(
+        "vigil watches the event streams of AI-agent executions and publishes what is really "
+        "going on: execution states, operation effects (UNKNOWN is never FAILED), approval-wait "
+        "verdicts, reconciliation work and alerts."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+)
+topics_app = typer.Typer(help="Create and inspect the topic catalogue.", no_args_is_help=True)
+app.add_typer(topics_app, name="topics")
+
+console = Console(stderr=True)
+out = Console()
+
+BootstrapOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--bootstrap",
+        envvar="KAFKA_BOOTSTRAP_SERVERS",
+        help="Kafka bootstrap servers [default: 127.0.0.1:19092, the dev broker].",
+    ),
+]
+RegistryOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--registry",
+        envvar="SCHEMA_REGISTRY_URL",
+        help="Schema registry URL (Confluent API) [default: the dev registry].",
+    ),
+]
+
+
+def _settings(bootstrap: str | None = None, registry: str | None = None, **kw: Any) -> Settings:
+    return Settings.from_env(bootstrap_servers=bootstrap, schema_registry_url=registry, **kw)
+
+
+def _codec(settings: Settings):  # type: ignore[no-untyped-def]
+    from streams.codec import AvroCodec, RegistryConfig
+
+    return AvroCodec.connect(
+        RegistryConfig(settings.schema_registry_url, settings.registry_basic_auth)
+    )
+
+
+def _mount_optional() -> None:
+    """Sub-commands that live in their own modules."""
+    from streams.audit import audit
+    from streams.cli_dev import dev_app
+
+    app.add_typer(dev_app, name="dev", help="Start, stop and inspect the local Kafka + registry.")
+    app.command("audit", help="Judge approval snapshots offline with the live evaluator.")(audit)
+
+
+@app.command("config")
+def config_cmd(bootstrap: BootstrapOpt = None, registry: RegistryOpt = None) -> None:
+    """Print the effective settings (secrets masked)."""
+    s = _settings(bootstrap, registry)
+    out.print_json(json.dumps(s.public(), default=str))
+
+
+@topics_app.command("create")
+def topics_create(
+    bootstrap: BootstrapOpt = None,
+    registry: RegistryOpt = None,
+    output_suffix: Annotated[
+        str, typer.Option(help="Suffix for output topic names (a replay's own set).")
+    ] = "",
+    partitions: Annotated[
+        int | None, typer.Option(help="Partitions [env VIGIL_PARTITIONS, 6].")
+    ] = None,
+) -> None:
+    """Create every topic of the catalogue (idempotent) and set the registry to BACKWARD."""
+    from streams.admin import create_topics, prepare_registry
+
+    s = _settings(bootstrap, registry, output_suffix=output_suffix or None, partitions=partitions)
+    outcomes = create_topics(s)
+    prepare_registry(s, _codec(s))
+    t = Table("topic", "outcome")
+    for o in outcomes:
+        t.add_row(o.name, o.detail)
+    out.print(t)
+
+
+@topics_app.command("list")
+def topics_list(output_suffix: Annotated[str, typer.Option()] = "") -> None:
+    """Print the catalogue: name, key, record types, partitions, cleanup, retention."""
+    from streams.topics import Topics
+
+    s = Settings.from_env(output_suffix=output_suffix or None)
+    t = Table("topic", "role", "key", "records", "partitions", "cleanup", "retention")
+    for spec in Topics.from_settings(s).all():
+        ret = "-" if spec.cleanup_policy == "compact" else f"{spec.retention_ms // 86400000}d"
+        t.add_row(
+            spec.name,
+            spec.role,
+            spec.key,
+            ", ".join(m.avro_name for m in spec.value_types),
+            str(spec.partitions),
+            spec.cleanup_policy,
+            ret,
+        )
+    out.print(t)
+
+
+@app.command("produce")
+def produce(
+    topic: Annotated[str, typer.Argument(help="Topic name, e.g. vigil.execution-status.")],
+    file: Annotated[Path, typer.Argument(help="JSON Lines; '-' for stdin.", allow_dash=True)],
+    bootstrap: BootstrapOpt = None,
+    registry: RegistryOpt = None,
+) -> None:
+    """Produce JSON records as Avro. Each line is one record; ``"type"`` names the record type
+    when the topic carries several (it always may). The key is the record's execution id."""
+    from pydantic import ValidationError
+
+    from streams.clients import RecordProducer
+    from streams.topics import Topics
+
+    s = _settings(bootstrap, registry)
+    spec = Topics.from_settings(s).by_name(topic)
+    types = {m.avro_name: m for m in spec.value_types}
+    default = [m for m in spec.value_types if m.avro_name != "ClockTick"]
+    producer = RecordProducer(s, _codec(s))
+    stream = sys.stdin if str(file) == "-" else file.open()
+    sent = bad = 0
+    for n, line in enumerate(stream, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            name = obj.pop("type", None) or (default[0].avro_name if len(default) == 1 else None)
+            if name not in types:
+                raise ValueError(f"type {name!r} does not belong on {topic}; one of {list(types)}")
+            producer.send(topic, types[name].model_validate(obj))
+            sent += 1
+        except (ValueError, ValidationError) as exc:
+            bad += 1
+            console.print(f"[red]line {n}:[/red] {exc}")
+    producer.flush()
+    console.print(f"produced {sent} records to {topic}" + (f", {bad} bad lines" if bad else ""))
+    if bad:
+        raise typer.Exit(2)
+
+
+@app.command("consume")
+def consume_cmd(
+    topic: Annotated[list[str], typer.Argument(help="One or more topic names.")],
+    from_beginning: Annotated[
+        bool,
+        typer.Option("--from-beginning", help="Start at the earliest offset instead of the end."),
+    ] = False,
+    max_records: Annotated[int | None, typer.Option("--max", help="Stop after N records.")] = None,
+    idle: Annotated[
+        float, typer.Option(help="Stop after this many seconds without records.")
+    ] = 5.0,
+    bootstrap: BootstrapOpt = None,
+    registry: RegistryOpt = None,
+) -> None:
+    """Read Avro records and print them as JSON lines (with topic, partition, offset, key)."""
+    from streams.clients import consume
+
+    s = _settings(bootstrap, registry)
+    for r in consume(
+        s,
+        _codec(s),
+        topic,
+        from_beginning=from_beginning,
+        max_records=max_records,
+        idle_timeout=idle,
+    ):
+        line: dict[str, Any] = {
+            "topic": r.topic,
+            "partition": r.partition,
+            "offset": r.offset,
+            "key": r.key,
+            "timestamp": datetime.fromtimestamp(r.timestamp_ms / 1000, UTC).isoformat(),
+        }
+        if r.headers:
+            line["headers"] = r.headers
+        if r.record is not None:
+            line["type"] = r.record.avro_name
+            line["value"] = r.record.model_dump(mode="json")
+        else:
+            line["error"] = r.error
+        print(json.dumps(line), flush=True)
+
+
+@app.command("worker")
+def worker(
+    bootstrap: BootstrapOpt = None,
+    registry: RegistryOpt = None,
+    web_port: Annotated[
+        int | None, typer.Option(help="HTTP port [env VIGIL_WEB_PORT, 6066].")
+    ] = None,
+    web_host: Annotated[
+        str | None, typer.Option(help="Bind address [env VIGIL_WEB_HOST, 127.0.0.1].")
+    ] = None,
+    store: Annotated[
+        str | None, typer.Option(help="Table store: memory:// or rocksdb:// [env VIGIL_STORE].")
+    ] = None,
+    data_dir: Annotated[
+        str | None, typer.Option(help="Worker data dir [env VIGIL_DATA_DIR].")
+    ] = None,
+    loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
+) -> None:
+    """Run a stream-processing worker (Faust). Stop with Ctrl-C or SIGTERM."""
+    from streams.app import run_worker
+
+    s = _settings(
+        bootstrap, registry, web_port=web_port, web_host=web_host, store=store, data_dir=data_dir
+    )
+    run_worker(s, loglevel=loglevel)
+
+
+@app.command("ticker")
+def ticker(
+    interval: Annotated[
+        str | None, typer.Option(help="Tick interval [env VIGIL_TICK_INTERVAL, 1s].")
+    ] = None,
+    count: Annotated[
+        int | None, typer.Option(help="Stop after N rounds (default: forever).")
+    ] = None,
+    bootstrap: BootstrapOpt = None,
+    registry: RegistryOpt = None,
+) -> None:
+    """Write clock ticks into every partition of every input topic: wall-clock time enters the
+    log as data, so quiet partitions still time out and replays see the same time."""
+    from streams.durations import parse_duration
+    from streams.ticker import run_ticker
+
+    s = _settings(bootstrap, registry, tick_interval=parse_duration(interval) if interval else None)
+    run_ticker(s, _codec(s), count=count)
+
+
+def main() -> None:
+    _mount_optional()
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Avro in the Confluent wire format, through confluent-kafka's schema-registry serdes.
+
+Several record types share an input topic (every input topic also carries clock ticks), so
+subjects follow the *topic-record* name strategy: ``<topic>-<record full name>``. Decoding
+looks at the writer's schema id, asks the registry (cached) which record that is, and hands
+the bytes to the ``AvroDeserializer`` of that record with our schema as the reader schema, so
+Avro schema resolution absorbs compatible evolution (a field added by a newer producer).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka.schema_registry import (
+    SchemaRegistryClient,
+    topic_record_subject_name_strategy,
+)
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+from confluent_kafka.serialization import MessageField, SerializationContext
+from pydantic import ValidationError
+
+from streams.models.base import Record
+from streams.models.events import INPUT_MODELS
+from streams.models.outputs import OUTPUT_MODELS
+
+MAGIC_BYTE = 0
+ALL_MODELS: tuple[type[Record], ...] = INPUT_MODELS + OUTPUT_MODELS
+MODELS_BY_FULLNAME: dict[str, type[Record]] = {m.avro_fullname(): m for m in ALL_MODELS}
+
+
+class DecodeError(Exception):
+    """A record that cannot be turned into a contract model; the message is the reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryConfig:
+    url: str
+    basic_auth: str | None = None  # "user:secret"; never logged
+
+    def client_conf(self) -> dict[str, Any]:
+        conf: dict[str, Any] = {"url": self.url}
+        if self.basic_auth:
+            conf["basic.auth.user.info"] = self.basic_auth
+        return conf
+
+
+class AvroCodec:
+    """Encodes contract models to Confluent-framed Avro and back, registering as it goes."""
+
+    def __init__(self, registry: SchemaRegistryClient, *, auto_register: bool = True) -> None:
+        self.registry = registry
+        self.auto_register = auto_register
+        self._serializers: dict[type[Record], AvroSerializer] = {}
+        self._deserializers: dict[type[Record], AvroDeserializer] = {}
+        self._writer_names: dict[int, str] = {}
+
+    @classmethod
+    def connect(cls, config: RegistryConfig, **kwargs: Any) -> AvroCodec:
+        return cls(SchemaRegistryClient(config.client_conf()), **kwargs)
+
+    # -- encoding -------------------------------------------------------------------------
+    def serializer(self, model: type[Record]) -> AvroSerializer:
+        ser = self._serializers.get(model)
+        if ser is None:
+            ser = AvroSerializer(
+                self.registry,
+                model.avro_schema_str(),
+                to_dict=lambda obj, _ctx: obj.to_avro(),
+                conf={
+                    "auto.register.schemas": self.auto_register,
+                    "subject.name.strategy": topic_record_subject_name_strategy,
+                },
+            )
+            self._serializers[model] = ser
+        return ser
+
+    def encode(self, topic: str, record: Record) -> bytes:
+        ctx = SerializationContext(topic, MessageField.VALUE)
+        data = self.serializer(type(record))(record, ctx)
+        assert data is not None
+        return data
+
+    # -- decoding -------------------------------------------------------------------------
+    def writer_fullname(self, schema_id: int) -> str:
+        name = self._writer_names.get(schema_id)
+        if name is None:
+            try:
+                schema = self.registry.get_schema(schema_id)
+            except SchemaRegistryError as exc:
+                raise DecodeError(f"unknown schema id {schema_id}: {exc.error_message}") from exc
+            parsed = json.loads(schema.schema_str)
+            if not isinstance(parsed, dict) or "name" not in parsed:
+                raise DecodeError(f"schema id {schema_id} is not a named Avro record")
+            ns = parsed.get("namespace")
+            raw = parsed["name"]
+            name = raw if "." in raw or not ns else f"{ns}.{raw}"
+            self._writer_names[schema_id] = name
+        return name
+
+    def deserializer(self, model: type[Record]) -> AvroDeserializer:
+        de = self._deserializers.get(model)
+        if de is None:
+            de = AvroDeserializer(self.registry, model.avro_schema_str())
+            self._deserializers[model] = de
+        return de
+
+    def decode(
+        self, topic: str, data: bytes | None, allowed: Iterable[type[Record]] | None = None
+    ) -> Record:
+        """Decode one value or raise ``DecodeError`` saying exactly why not."""
+        if data is None or len(data) == 0:
+            raise DecodeError("empty value (tombstone or null) on a topic that carries records")
+        if data[0] != MAGIC_BYTE:
+            raise DecodeError(f"wrong magic byte {data[0]:#04x}: not Confluent-framed Avro")
+        if len(data) < 5:
+            raise DecodeError(f"truncated header: {len(data)} bytes, need at least 5")
+        (schema_id,) = struct.unpack(">I", data[1:5])
+        fullname = self.writer_fullname(schema_id)
+        model = MODELS_BY_FULLNAME.get(fullname)
+        if model is None:
+            raise DecodeError(f"record type {fullname} (schema id {schema_id}) is not a contract")
+        if allowed is not None and model not in tuple(allowed):
+            raise DecodeError(f"record type {fullname} does not belong on topic {topic}")
+        try:
+            raw = self.deserializer(model)(data, SerializationContext(topic, MessageField.VALUE))
+        except Exception as exc:  # fastavro raises EOFError, ValueError, IndexError, ...
+            raise DecodeError(
+                f"undecodable Avro for {fullname}: {type(exc).__name__}: {exc}"
+            ) from exc
+        try:
+            return model.model_validate(raw)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5]
+            )
+            raise DecodeError(f"invalid {fullname}: {problems}") from exc
+
+
+def set_backward_compatibility(registry: SchemaRegistryClient, subject: str | None = None) -> None:
+    """BACKWARD: consumers on the new schema can read data written with the old one. Set
+    globally (``subject=None``) or per subject."""
+    registry.set_compatibility(subject_name=subject, level="BACKWARD")
