@@ -1,0 +1,115 @@
+"""Stream time of one partition (domain.md section 4).
+
+vigil never reads a clock to decide. Time moves only when records arrive: input events carry the
+time they happened, and a ticker writes clock ticks (wall-clock time as *data*) into every
+partition of every input topic, so a quiet partition still advances and a replay of the log
+sees the very same ticks.
+
+A worker consumes several co-partitioned input topics, and Kafka gives no order between them:
+live, one topic may run ahead of another; in a backfill, one may be read entirely before the
+other. The per-partition clock therefore keeps, for each input topic, the largest event time
+seen there (ticks included), and its **watermark is the minimum over the input topics** — it
+does not exist until every input topic has been seen on the partition.
+
+Why the minimum: a decision at time T (a reply deadline, a grace period, a stale heartbeat) is
+only taken once *every* input of the partition has gone past T. If each topic partition is in
+time order, every event at or before T has then been seen, whichever topic it came from and
+whatever the interleaving, so the live run and any replay take the same decision on the same
+evidence. Taking the maximum instead would let a fast topic fire a timeout while the answer
+that prevents it is still waiting, unread, on a slower topic. An event that arrives with a
+time below the watermark is *late* (``is_late``): decisions it could have changed may already
+have been taken, and the shell reports it instead of silently rewriting the past.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, field_validator, model_validator
+
+
+class PartitionClock(BaseModel):
+    """The stream time of one partition, as an immutable value the shell replaces on every record.
+
+    ``inputs`` is the configured set of input topics of the partition; ``maxima`` holds, per
+    topic seen so far, the largest event time seen on it (sorted by topic, so equal clocks
+    compare and serialise equal). It is JSON-serialisable so the shell may keep it in a table.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    inputs: tuple[str, ...]
+    maxima: tuple[tuple[str, AwareDatetime], ...] = ()
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("a partition clock needs at least one input topic")
+        return tuple(sorted(set(value)))
+
+    @model_validator(mode="after")
+    def _maxima(self) -> PartitionClock:
+        topics = [topic for topic, _ in self.maxima]
+        if topics != sorted(set(topics)) or not set(topics) <= set(self.inputs):
+            raise ValueError("maxima must be sorted, unique, and only for input topics")
+        return self
+
+    @classmethod
+    def start(cls, inputs: tuple[str, ...] | list[str] | frozenset[str]) -> PartitionClock:
+        """A clock that has seen nothing yet."""
+        return cls(inputs=tuple(inputs))
+
+    def max_for(self, topic: str) -> datetime | None:
+        """The largest event time seen on ``topic`` (None if nothing yet)."""
+        return dict(self.maxima).get(topic)
+
+    def observe(self, topic: str, t: datetime) -> PartitionClock:
+        """The clock after a record of ``topic`` with event time ``t`` (a tick or an event).
+
+        Never goes backwards: an older ``t`` returns this very clock. A topic outside the
+        configured inputs is a wiring error of the shell and raises ``ValueError``.
+        """
+        if topic not in self.inputs:
+            raise ValueError(f"{topic!r} is not an input topic of this clock {self.inputs}")
+        if t.tzinfo is None:
+            raise ValueError("event times must be timezone-aware")
+        current = self.max_for(topic)
+        if current is not None and t <= current:
+            return self
+        maxima = dict(self.maxima)
+        maxima[topic] = t
+        return PartitionClock(inputs=self.inputs, maxima=tuple(sorted(maxima.items())))
+
+    @property
+    def watermark(self) -> datetime | None:
+        """Minimum over the input topics of their largest event time; None until all are seen."""
+        if len(self.maxima) < len(self.inputs):
+            return None
+        return min(t for _, t in self.maxima)
+
+    @property
+    def stream_time(self) -> datetime | None:
+        """The largest event time seen on the partition, any topic: informative only (metrics,
+        the read side). Decisions use ``watermark``."""
+        return max((t for _, t in self.maxima), default=None)
+
+    def has_passed(self, t: datetime) -> bool:
+        """Whether a decision due at ``t`` may be taken now: every input has gone *past* ``t``.
+
+        Strictly past, so that evidence stamped exactly ``t`` on a slower topic (an answer that
+        arrived right at its deadline) is seen before the deadline is judged.
+        """
+        watermark = self.watermark
+        return watermark is not None and watermark > t
+
+    def is_late(self, t: datetime) -> bool:
+        """Whether an event at ``t`` arrives behind the watermark (``t < watermark``).
+
+        A decision due at ``d`` is taken once the watermark is past ``d``; an event with
+        ``t <= d`` arriving after that is exactly an event with ``t < watermark``, i.e. one
+        that may have missed a decision it mattered to. Before the watermark exists nothing is
+        late.
+        """
+        watermark = self.watermark
+        return watermark is not None and t < watermark
