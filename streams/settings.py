@@ -48,6 +48,10 @@ class Settings:
     web_port: int = 6066
     #: VIGIL_TICK_INTERVAL — how often the ticker writes clock ticks (e.g. 1s, 500ms).
     tick_interval: timedelta = timedelta(seconds=1)
+    #: VIGIL_RETENTION_MS — retention of the non-compacted topics. Record timestamps are event
+    #: times, so Kafka's time retention counts in event time; -1 (keep everything) by default,
+    #: because a backfill or a replay of last quarter's events must not be deleted on arrival.
+    retention_ms: int = -1
     #: VIGIL_CLOSED_RETENTION — how long closed executions/approvals are remembered.
     closed_retention: timedelta = timedelta(hours=24)
     #: KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD
@@ -74,6 +78,7 @@ class Settings:
             web_host=_env("VIGIL_WEB_HOST", d.web_host),  # type: ignore[arg-type]
             web_port=int(_env("VIGIL_WEB_PORT", str(d.web_port))),  # type: ignore[arg-type]
             tick_interval=parse_duration(_env("VIGIL_TICK_INTERVAL", "1s")),  # type: ignore[arg-type]
+            retention_ms=int(_env("VIGIL_RETENTION_MS", "-1")),  # type: ignore[arg-type]
             closed_retention=parse_duration(_env("VIGIL_CLOSED_RETENTION", "24h")),  # type: ignore[arg-type]
             security_protocol=_env("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),  # type: ignore[arg-type]
             sasl_mechanism=_env("KAFKA_SASL_MECHANISM"),

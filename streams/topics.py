@@ -74,7 +74,7 @@ class Topics:
                 types + tick,
                 n,
                 "delete",
-                7 * DAY_MS,
+                s.retention_ms,
                 doc,
             )
 
@@ -82,7 +82,7 @@ class Topics:
             name: str, key: str, types: tuple[type[Record], ...], policy: str, days: int, doc: str
         ) -> TopicSpec:
             return TopicSpec(
-                f"{p}.{name}{sfx}", Role.OUTPUT, key, types, n, policy, days * DAY_MS, doc
+                f"{p}.{name}{sfx}", Role.OUTPUT, key, types, n, policy, s.retention_ms, doc
             )
 
         return cls(

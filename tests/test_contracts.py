@@ -131,9 +131,7 @@ def _strategy(ann: Any) -> st.SearchStrategy[Any]:
 
 
 def _model_strategy(model: type[Record]) -> st.SearchStrategy[Record]:
-    return st.builds(
-        model, **{n: _strategy(f.annotation) for n, f in model.model_fields.items()}
-    )
+    return st.builds(model, **{n: _strategy(f.annotation) for n, f in model.model_fields.items()})
 
 
 @pytest.mark.parametrize("model", ALL_MODELS, ids=lambda m: m.avro_name)

@@ -1,0 +1,1 @@
+"""Faust agents: the thin stream-processing shell around ``streams.core``."""

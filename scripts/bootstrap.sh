@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs vigil and its pinned dependencies into .venv (idempotent). Sourced by the others.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+if [ ! -x "$ROOT/.venv/bin/python" ]; then
+  "$PY" -m venv "$ROOT/.venv"
+fi
+STAMP="$ROOT/.venv/.installed-$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha256sum | cut -c1-16)"
+if [ ! -f "$STAMP" ]; then
+  "$ROOT/.venv/bin/python" -m pip install --quiet --upgrade pip >/dev/null
+  "$ROOT/.venv/bin/python" -m pip install --quiet -c "$ROOT/constraints.txt" -e "$ROOT[test]"
+  touch "$STAMP"
+fi
+export PATH="$ROOT/.venv/bin:$PATH"

@@ -1,0 +1,595 @@
+"""Operation effect tracking (domain.md section 2): did an effect happen in the outside world?
+
+The shell keeps one ``OperationBook`` per execution id (JSON in a table; all of an execution's
+operations share its partition) and calls:
+
+- ``apply_event`` for every ``OperationEvent``;
+- ``advance`` whenever stream time moves (event time or a clock tick from the log), so a
+  timeout fires even when the partition has gone quiet;
+- ``next_deadline`` to index the book in its timer index.
+
+Why it is shaped like this:
+
+- **No answer is not "did not happen".** A reply timeout makes an attempt UNKNOWN, never
+  FAILED, and opens a reconciliation work item. Only evidence closes it: a VERIFIED or FAILED
+  event from someone who can know (connector, reconciler or a human), never elapsed time and
+  never the agent runtime, which is exactly the party that cannot tell a lost reply from a
+  rejection.
+- **Attempts are kept.** A forbidden-retry alert names both attempts, and an earlier attempt's
+  open work item stays open (and is resolved) on its own, whatever the newer attempt does.
+- **The published state follows the latest attempt.** ``OperationState`` is compacted by
+  operation id, so publishing an older attempt would overwrite the newer one; evidence about
+  an older attempt still settles that attempt and publishes its ``WorkItemResolution``.
+- **Deadlines are frozen when armed** (from the event or the connector's default), and fired
+  outputs are stamped with the deadline, not with the tick that noticed it: the outputs do not
+  depend on when ticks arrive, and a replay yields the same records with the same ids.
+- **Refused events are findings, not exceptions**: the shell reports them as anomalies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict
+
+from streams.core.findings import AnomalyFinding
+from streams.core.ids import deterministic_id
+from streams.models.base import Record, to_millis
+from streams.models.enums import (
+    AlertKind,
+    AlertStatus,
+    AnomalyKind,
+    EvidenceSource,
+    OperationEventKind,
+    OperationStatus,
+    Owner,
+    RetryVerdict,
+    Severity,
+    WorkItemKind,
+)
+from streams.models.events import OperationEvent
+from streams.models.outputs import (
+    Alert,
+    OperationState,
+    ReconciliationWorkItem,
+    WorkItemResolution,
+)
+
+S = OperationStatus
+K = OperationEventKind
+
+#: Settled: nothing more can happen to this attempt, and its work item (if any) is resolved.
+SETTLED: frozenset[OperationStatus] = frozenset({S.VERIFIED, S.FAILED, S.CANCELLED})
+#: Under reconciliation: only source evidence (VERIFIED / FAILED) may close these.
+RECONCILIATION: frozenset[OperationStatus] = frozenset({S.UNKNOWN, S.RECONCILING, S.MANUAL_REVIEW})
+#: The request was handed to the connector and the outcome is not settled.
+IN_FLIGHT: frozenset[OperationStatus] = frozenset({S.SENT, S.ACKNOWLEDGED}) | RECONCILIATION
+#: A new send while another attempt is in one of these risks a duplicate effect. domain.md lists
+#: the in-flight ones; VERIFIED is added because a resend after a confirmed effect *is* a
+#: duplicate effect (unless the connector honours the idempotency key, which we cannot see).
+BLOCKS_RETRY: frozenset[OperationStatus] = IN_FLIGHT | {S.VERIFIED}
+#: Who can know whether an effect happened. The runtime only knows what it sent.
+SOURCE_EVIDENCE: frozenset[EvidenceSource] = frozenset(
+    {EvidenceSource.CONNECTOR, EvidenceSource.RECONCILER, EvidenceSource.HUMAN}
+)
+
+_RETRY: Mapping[OperationStatus, RetryVerdict] = {
+    S.PREPARED: RetryVerdict.NOTHING_SENT,
+    S.SENT: RetryVerdict.WAIT,
+    S.ACKNOWLEDGED: RetryVerdict.WAIT,
+    S.RECONCILING: RetryVerdict.WAIT,
+    S.VERIFIED: RetryVerdict.NOT_NEEDED,
+    S.UNKNOWN: RetryVerdict.FORBIDDEN,
+    S.FAILED: RetryVerdict.SAFE,
+    S.CANCELLED: RetryVerdict.SAFE,
+    S.MANUAL_REVIEW: RetryVerdict.OWNER_DECIDES,
+}
+
+REPLY_TIMEOUT = "reply_timeout"
+VERIFICATION_TIMEOUT = "verification_timeout"
+LATE_ACK = "late_acknowledgement_ignored"
+
+NEXT_STEP_UNKNOWN = "reconcile against the source; do not retry"
+NEXT_STEP_OVERDUE = "verify the effect at the source; do not retry"
+NEXT_STEP_FORBIDDEN = "stop the duplicate; reconcile the first attempt before any further send"
+
+
+def retry_verdict(status: OperationStatus) -> RetryVerdict:
+    """domain.md's retry column. A status this build cannot read (UNRECOGNIZED) answers
+    FORBIDDEN: when in doubt, the safe answer is not to send again."""
+    return _RETRY.get(status, RetryVerdict.FORBIDDEN)
+
+
+@dataclass(frozen=True)
+class OperationConfig:
+    """Default deadlines, used when a SENT / ACKNOWLEDGED event carries none.
+
+    ``overrides`` maps a connector to its own ``(reply_timeout, verify_timeout)``: an SMS
+    gateway answers in seconds, a bank transfer is verified in hours.
+    """
+
+    reply_timeout: timedelta = timedelta(seconds=30)
+    verify_timeout: timedelta = timedelta(minutes=5)
+    overrides: Mapping[str, tuple[timedelta, timedelta]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for reply, verify in [(self.reply_timeout, self.verify_timeout), *self.overrides.values()]:
+            if reply <= timedelta(0) or verify <= timedelta(0):
+                raise ValueError("operation timeouts must be positive")
+
+    def timeouts(self, connector: str) -> tuple[timedelta, timedelta]:
+        return self.overrides.get(connector, (self.reply_timeout, self.verify_timeout))
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class AttemptRecord(_Frozen):
+    """What is known about one attempt (one send) of an operation."""
+
+    attempt: int
+    connector: str
+    idempotency_key: str | None = None
+    status: OperationStatus
+    reason: str | None = None
+    since: AwareDatetime
+    #: Sent evidence was seen (SENT, ACKNOWLEDGED or VERIFIED): the forbidden-retry check runs
+    #: once per attempt, when this turns true.
+    sent: bool = False
+    reply_due_at: AwareDatetime | None = None
+    verify_due_at: AwareDatetime | None = None
+    effect_ref: str | None = None
+    #: The open reconciliation work item and the FIRING alert that announced it.
+    work_item_id: str | None = None
+    work_item_kind: WorkItemKind | None = None
+    alert_id: str | None = None
+    #: Applied event kinds and ids: a redelivery is a DUPLICATE, not a second transition.
+    kinds: tuple[OperationEventKind, ...] = ()
+    event_ids: tuple[str, ...] = ()
+
+    def armed_deadline(self) -> datetime | None:
+        """The deadline still to fire: the reply while SENT, the verification while
+        ACKNOWLEDGED and not yet overdue. Other statuses have an owner already."""
+        if self.status is S.SENT:
+            return self.reply_due_at
+        if self.status is S.ACKNOWLEDGED and self.work_item_id is None:
+            return self.verify_due_at
+        return None
+
+
+class OperationRecord(_Frozen):
+    operation_id: str
+    attempts: dict[int, AttemptRecord]
+
+    @property
+    def current(self) -> AttemptRecord:
+        """The latest attempt: the one the published ``OperationState`` describes."""
+        return self.attempts[max(self.attempts)]
+
+
+class OperationBook(_Frozen):
+    """All operations of one execution, and idempotency key → operation ids using it (a key
+    reused by a different operation id is the same effect sent twice)."""
+
+    execution_id: str
+    operations: dict[str, OperationRecord] = {}
+    by_idempotency_key: dict[str, tuple[str, ...]] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class OperationStep:
+    """The new book, the records to publish in this order, and the refused inputs."""
+
+    book: OperationBook
+    outputs: tuple[Record, ...] = ()
+    anomalies: tuple[AnomalyFinding, ...] = ()
+
+
+def _put(book: OperationBook, operation_id: str, rec: AttemptRecord) -> OperationBook:
+    old = book.operations.get(operation_id)
+    attempts = {**(old.attempts if old else {}), rec.attempt: rec}
+    ops = {
+        **book.operations,
+        operation_id: OperationRecord(operation_id=operation_id, attempts=attempts),
+    }
+    index = dict(book.by_idempotency_key)
+    if rec.idempotency_key and operation_id not in index.get(rec.idempotency_key, ()):
+        index[rec.idempotency_key] = (*index.get(rec.idempotency_key, ()), operation_id)
+    return book.model_copy(update={"operations": ops, "by_idempotency_key": index})
+
+
+def _is_current(book: OperationBook, operation_id: str, rec: AttemptRecord) -> bool:
+    return book.operations[operation_id].current.attempt == rec.attempt
+
+
+def _state(book: OperationBook, operation_id: str, rec: AttemptRecord) -> OperationState:
+    """The published state of an attempt. A deadline is shown while it is in force, and in the
+    state its expiry caused (UNKNOWN shows the reply deadline that passed)."""
+    reply_due = rec.reply_due_at if rec.status in (S.SENT, S.UNKNOWN) else None
+    verify_due = rec.verify_due_at if rec.status is S.ACKNOWLEDGED else None
+    return OperationState(
+        operation_id=operation_id,
+        execution_id=book.execution_id,
+        attempt=rec.attempt,
+        idempotency_key=rec.idempotency_key,
+        connector=rec.connector,
+        status=rec.status,
+        retry=retry_verdict(rec.status),
+        reason=rec.reason,
+        since=rec.since,
+        reply_due_at=reply_due,
+        verify_due_at=verify_due,
+        effect_ref=rec.effect_ref,
+        open_work_item_id=rec.work_item_id,
+        # The reason is part of the id: ACKNOWLEDGED and ACKNOWLEDGED-but-overdue are two
+        # different records with the same status and ``since``.
+        state_id=deterministic_id(
+            "os", operation_id, rec.attempt, rec.status, rec.since, rec.reason
+        ),
+    )
+
+
+def _judge(
+    rec: AttemptRecord | None, event: OperationEvent
+) -> tuple[OperationStatus, str | None] | AnomalyFinding:
+    """The transition ``event`` causes on attempt ``rec`` (None: first event of the attempt),
+    as (new status, derived reason), or why it is refused. Duplicates are filtered before."""
+    kind, status = event.kind, (rec.status if rec else None)
+    never_sent = rec is None or (not rec.sent and status is S.PREPARED)
+    if status in SETTLED:
+        if {status, kind} == {S.VERIFIED, K.FAILED} or {status, kind} == {S.FAILED, K.VERIFIED}:
+            return AnomalyFinding(
+                AnomalyKind.ILLEGAL_TRANSITION, f"contradicting evidence: {kind} after {status}"
+            )
+        return AnomalyFinding(AnomalyKind.AFTER_TERMINAL, f"{kind} after settled {status}")
+    if kind is K.PREPARED:
+        if rec is None:
+            return S.PREPARED, None
+        return AnomalyFinding(AnomalyKind.OUT_OF_ORDER, f"PREPARED after {status}")
+    if kind is K.SENT:
+        if never_sent:
+            return S.SENT, None
+        # Only reachable when a reply overtook its own SENT (ACKNOWLEDGED before SENT).
+        return AnomalyFinding(AnomalyKind.OUT_OF_ORDER, f"SENT after {status} of the same attempt")
+    if kind is K.ACKNOWLEDGED:
+        if status in RECONCILIATION:
+            # Transport only: after a timeout it proves nothing about the effect.
+            return status, LATE_ACK
+        return S.ACKNOWLEDGED, None  # from SENT, or a reply that overtook its SENT
+    if kind in (K.VERIFIED, K.FAILED):
+        if status in RECONCILIATION and event.evidence_source not in SOURCE_EVIDENCE:
+            return AnomalyFinding(
+                AnomalyKind.ILLEGAL_TRANSITION,
+                f"{kind} from {event.evidence_source} cannot settle {status}: "
+                "only the connector, the reconciler or a human can know the effect",
+            )
+        return S(kind.value), None
+    if kind is K.CANCELLED:
+        if never_sent:
+            return S.CANCELLED, None
+        if status in RECONCILIATION:
+            return AnomalyFinding(
+                AnomalyKind.ILLEGAL_TRANSITION,
+                f"CANCELLED cannot settle {status}: only VERIFIED or FAILED evidence can",
+            )
+        if event.evidence_source not in SOURCE_EVIDENCE:
+            return AnomalyFinding(
+                AnomalyKind.ILLEGAL_TRANSITION,
+                f"CANCELLED from {event.evidence_source} after {status}: "
+                "the effect may already have happened",
+            )
+        return S.CANCELLED, None
+    if kind in (K.RECONCILING, K.MANUAL_REVIEW):
+        if never_sent:
+            return AnomalyFinding(
+                AnomalyKind.ILLEGAL_TRANSITION, f"{kind} of an attempt that was never sent"
+            )
+        return S(kind.value), None
+    return AnomalyFinding(AnomalyKind.UNRECOGNIZED_SYMBOL, f"operation event kind {kind}")
+
+
+def _is_duplicate(rec: AttemptRecord | None, event: OperationEvent) -> bool:
+    """Same event id, or the same kind already applied to this attempt. RECONCILING and
+    MANUAL_REVIEW may alternate (a reviewer hands back to the reconciler), so they repeat
+    legitimately unless the attempt is already in that status."""
+    if rec is None:
+        return False
+    if event.event_id in rec.event_ids:
+        return True
+    if event.kind in (K.RECONCILING, K.MANUAL_REVIEW):
+        return rec.status.value == event.kind.value
+    return event.kind in rec.kinds
+
+
+def _blocking(
+    book: OperationBook, operation_id: str, attempt: int, key: str | None
+) -> list[tuple[str, AttemptRecord]]:
+    """Other attempts a new send of (operation_id, attempt) would duplicate: every other
+    attempt of the same operation, and every attempt of another operation under the same
+    idempotency key, that is in flight or verified. All of them, not only the last one: an
+    UNKNOWN attempt 1 is still a risk after a (forbidden) attempt 2 was rejected."""
+    same_key = book.by_idempotency_key.get(key, ()) if key else ()
+    found: list[tuple[str, AttemptRecord]] = []
+    for op_id in sorted({operation_id, *same_key} & book.operations.keys()):
+        for a, rec in sorted(book.operations[op_id].attempts.items()):
+            related = a != attempt if op_id == operation_id else rec.idempotency_key == key
+            if related and rec.status in BLOCKS_RETRY:
+                found.append((op_id, rec))
+    return found
+
+
+def _forbidden_retry(book: OperationBook, event: OperationEvent, key: str | None) -> Alert | None:
+    blocking = _blocking(book, event.operation_id, event.attempt, key)
+    if not blocking:
+        return None
+    refs = tuple(f"previous={op}#{rec.attempt}:{rec.status}" for op, rec in blocking)
+    return Alert(
+        alert_id=deterministic_id(
+            "alert", AlertKind.FORBIDDEN_RETRY, event.operation_id, event.attempt, *refs
+        ),
+        kind=AlertKind.FORBIDDEN_RETRY,
+        status=AlertStatus.FIRING,
+        severity=Severity.CRITICAL,
+        execution_id=book.execution_id,
+        subject_id=event.operation_id,
+        verdict=blocking[-1][1].status.value,
+        owner=Owner.RUNTIME_OWNER,
+        next_step=NEXT_STEP_FORBIDDEN,
+        evidence=(
+            f"attempt={event.operation_id}#{event.attempt}",
+            *refs,
+            *((f"idempotency_key={key}",) if key else ()),
+            f"event={event.event_id}",
+        ),
+        occurred_at=event.occurred_at,
+    )
+
+
+def _settle(
+    book: OperationBook, operation_id: str, rec: AttemptRecord, event: OperationEvent
+) -> list[Record]:
+    """Resolution records for an attempt that just settled with an open work item: the
+    ``WorkItemResolution`` (whoever works the item can stop) and the RESOLVED alert."""
+    if rec.work_item_id is None:
+        return []
+    out: list[Record] = [
+        WorkItemResolution(
+            resolution_id=deterministic_id("wr", rec.work_item_id, rec.status),
+            work_item_id=rec.work_item_id,
+            operation_id=operation_id,
+            execution_id=book.execution_id,
+            attempt=rec.attempt,
+            outcome=rec.status,
+            evidence_source=event.evidence_source,
+            resolved_at=event.occurred_at,
+        )
+    ]
+    if rec.alert_id is not None:
+        kind = (
+            AlertKind.OPERATION_UNKNOWN
+            if rec.work_item_kind is WorkItemKind.REPLY_TIMEOUT
+            else AlertKind.VERIFICATION_OVERDUE
+        )
+        out.append(
+            Alert(
+                alert_id=deterministic_id(
+                    "alert", kind, operation_id, rec.attempt, f"settled_{rec.status}"
+                ),
+                kind=kind,
+                status=AlertStatus.RESOLVED,
+                severity=Severity.INFO,
+                execution_id=book.execution_id,
+                subject_id=operation_id,
+                verdict=rec.status.value,
+                owner=Owner.CONNECTOR_OWNER,
+                next_step=f"none: settled {rec.status} on evidence from {event.evidence_source}",
+                evidence=(
+                    f"attempt={operation_id}#{rec.attempt}",
+                    f"work_item={rec.work_item_id}",
+                    f"event={event.event_id}",
+                ),
+                occurred_at=event.occurred_at,
+                resolves_alert_id=rec.alert_id,
+            )
+        )
+    return out
+
+
+def apply_event(
+    book: OperationBook | None, event: OperationEvent, config: OperationConfig
+) -> OperationStep:
+    """Apply one operation event: applied and published, or refused as an anomaly.
+
+    Deadlines are not fired here: the shell advances the book to stream time (which includes
+    this event's time) before applying, so a reply whose event time is past its deadline is
+    judged late, the same way live and in a replay.
+    """
+    book = book or OperationBook(execution_id=event.execution_id)
+
+    def refuse(kind: AnomalyKind, reason: str) -> OperationStep:
+        return OperationStep(book, (), (AnomalyFinding(kind, reason),))
+
+    if event.execution_id != book.execution_id:
+        return refuse(
+            AnomalyKind.KEY_MISMATCH,
+            f"event of execution {event.execution_id} in the book of {book.execution_id}",
+        )
+    if event.kind is K.UNRECOGNIZED:
+        return refuse(AnomalyKind.UNRECOGNIZED_SYMBOL, "operation event kind UNRECOGNIZED")
+    op = book.operations.get(event.operation_id)
+    old = op.attempts.get(event.attempt) if op else None
+    if _is_duplicate(old, event):
+        return refuse(
+            AnomalyKind.DUPLICATE,
+            f"{event.kind} of {event.operation_id}#{event.attempt} already applied",
+        )
+    verdict = _judge(old, event)
+    if isinstance(verdict, AnomalyFinding):
+        return OperationStep(book, (), (verdict,))
+    status, reason = verdict
+
+    t = event.occurred_at
+    reply_timeout, verify_timeout = config.timeouts(event.connector)
+    update: dict[str, object] = {
+        "status": status,
+        "reason": reason,
+        "since": t if old is None or status is not old.status else old.since,
+        "sent": (old is not None and old.sent) or status in BLOCKS_RETRY,
+        "connector": event.connector or (old.connector if old else ""),
+        "idempotency_key": event.idempotency_key or (old.idempotency_key if old else None),
+        "effect_ref": event.effect_ref or (old.effect_ref if old else None),
+        "kinds": (*(old.kinds if old else ()), event.kind),
+        "event_ids": (*(old.event_ids if old else ()), event.event_id),
+    }
+    # A deadline before the event itself is nonsense from the producer: it falls due at once.
+    if status is S.SENT:
+        update["reply_due_at"] = max(t, event.reply_due_at or to_millis(t + reply_timeout))
+    if status is S.ACKNOWLEDGED:
+        update["verify_due_at"] = max(t, event.verify_due_at or to_millis(t + verify_timeout))
+    if old is None:
+        rec = AttemptRecord(attempt=event.attempt, **update)  # type: ignore[arg-type]
+    else:
+        rec = old.model_copy(update=update)
+
+    outputs: list[Record] = []
+    alert = None
+    if rec.sent and not (old is not None and old.sent):
+        alert = _forbidden_retry(book, event, rec.idempotency_key)
+    if status in SETTLED:
+        outputs.extend(_settle(book, event.operation_id, rec, event))
+        rec = rec.model_copy(
+            update={"work_item_id": None, "work_item_kind": None, "alert_id": None}
+        )
+    book = _put(book, event.operation_id, rec)
+    if _is_current(book, event.operation_id, rec):
+        outputs.insert(0, _state(book, event.operation_id, rec))
+    if alert is not None:
+        outputs.append(alert)
+    return OperationStep(book, tuple(outputs), ())
+
+
+def _fire(
+    book: OperationBook, operation_id: str, rec: AttemptRecord
+) -> tuple[OperationBook, list[Record]]:
+    """Fire the armed deadline of one attempt, stamped with the deadline itself."""
+    deadline = rec.armed_deadline()
+    assert deadline is not None
+    if rec.status is S.SENT:
+        wi_kind, alert_kind, reason, next_step = (
+            WorkItemKind.REPLY_TIMEOUT,
+            AlertKind.OPERATION_UNKNOWN,
+            REPLY_TIMEOUT,
+            NEXT_STEP_UNKNOWN,
+        )
+        status, since = S.UNKNOWN, deadline
+    else:
+        wi_kind, alert_kind, reason, next_step = (
+            WorkItemKind.VERIFICATION_TIMEOUT,
+            AlertKind.VERIFICATION_OVERDUE,
+            VERIFICATION_TIMEOUT,
+            NEXT_STEP_OVERDUE,
+        )
+        # Transport was confirmed: that fact stays true. The state says why it needs
+        # reconciliation; the retry verdict (WAIT) is already "do not resend".
+        status, since = S.ACKNOWLEDGED, rec.since
+    wi_id = deterministic_id("wi", operation_id, rec.attempt, wi_kind)
+    alert_id = deterministic_id("alert", alert_kind, operation_id, rec.attempt, reason)
+    rec = rec.model_copy(
+        update={
+            "status": status,
+            "since": since,
+            "reason": reason,
+            "work_item_id": wi_id,
+            "work_item_kind": wi_kind,
+            "alert_id": alert_id,
+        }
+    )
+    book = _put(book, operation_id, rec)
+    out: list[Record] = []
+    if _is_current(book, operation_id, rec):
+        out.append(_state(book, operation_id, rec))
+    out.append(
+        ReconciliationWorkItem(
+            work_item_id=wi_id,
+            operation_id=operation_id,
+            execution_id=book.execution_id,
+            attempt=rec.attempt,
+            idempotency_key=rec.idempotency_key,
+            connector=rec.connector,
+            kind=wi_kind,
+            deadline=deadline,
+            created_at=deadline,
+            effect_ref=rec.effect_ref,
+        )
+    )
+    out.append(
+        Alert(
+            alert_id=alert_id,
+            kind=alert_kind,
+            status=AlertStatus.FIRING,
+            severity=Severity.WARNING,
+            execution_id=book.execution_id,
+            subject_id=operation_id,
+            verdict=status.value,
+            owner=Owner.CONNECTOR_OWNER,
+            next_step=next_step,
+            evidence=(
+                f"attempt={operation_id}#{rec.attempt}",
+                f"{reason}={to_millis(deadline).isoformat()}",
+                f"connector={rec.connector}",
+                f"work_item={wi_id}",
+            ),
+            occurred_at=deadline,
+        )
+    )
+    return book, out
+
+
+def _armed(book: OperationBook) -> Iterable[tuple[datetime, str, int]]:
+    for op_id, op in book.operations.items():
+        for rec in op.attempts.values():
+            deadline = rec.armed_deadline()
+            if deadline is not None:
+                yield deadline, op_id, rec.attempt
+
+
+def advance(
+    book: OperationBook, stream_time: datetime, config: OperationConfig | None = None
+) -> OperationStep:
+    """Fire every deadline ≤ ``stream_time``, in (deadline, operation, attempt) order.
+
+    Idempotent, and advancing in steps equals one big step: a fired deadline is disarmed, and
+    outputs carry the deadline's time, not ``stream_time``. ``config`` is accepted for symmetry
+    with ``apply_event`` but unused: deadlines were fixed when armed, so a configuration change
+    cannot move a deadline that is already running.
+    """
+    del config
+    outputs: list[Record] = []
+    for _, op_id, attempt in sorted(d for d in _armed(book) if d[0] <= stream_time):
+        book, out = _fire(book, op_id, book.operations[op_id].attempts[attempt])
+        outputs.extend(out)
+    return OperationStep(book, tuple(outputs), ())
+
+
+def next_deadline(book: OperationBook | None) -> datetime | None:
+    """The earliest armed deadline of the book, for the shell's timer index."""
+    return min((d for d, _, _ in _armed(book)), default=None) if book else None
+
+
+def open_operation_ids(book: OperationBook | None) -> tuple[str, ...]:
+    """Operations not settled: the latest attempt is not VERIFIED / FAILED / CANCELLED, or an
+    older attempt that was sent is still unsettled (its work item is still open). An older
+    attempt that was only PREPARED and then superseded does not keep the operation open."""
+    if book is None:
+        return ()
+    return tuple(
+        sorted(
+            op_id
+            for op_id, op in book.operations.items()
+            if op.current.status not in SETTLED
+            or any(rec.status in IN_FLIGHT for rec in op.attempts.values())
+        )
+    )

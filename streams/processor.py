@@ -1,0 +1,258 @@
+"""The imperative shell around the core: one input record in, output records out.
+
+It decodes nothing and sends nothing itself. The Faust agent (``agents/pipeline.py``) hands it
+an ``Envelope`` and sends the ``Emission``s it returns; the replay path and tests drive it the
+same way with plain dicts as stores. It looks state up, calls the pure core, stores what the
+core returned and keeps two things only in memory, both rebuilt after a restart or rebalance:
+the stream time of each partition and an index of due times per partition.
+
+Stream time and decisions: a partition's watermark is the minimum over the input topics of
+the largest event time seen on each (ticks included). Timeouts and verdicts are decided only
+for times strictly before the watermark, and stamped with the exact deadline or change point,
+so neither the interleaving of topics nor the phase of the ticker changes any answer.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from streams.clients import record_time_ms
+from streams.core import executions as ex
+from streams.core.clock import PartitionClock
+from streams.core.findings import AnomalyFinding
+from streams.core.ids import deterministic_id
+from streams.envelope import Envelope
+from streams.models import events as ev
+from streams.models.base import Record
+from streams.models.enums import AnomalyKind
+from streams.models.outputs import (
+    Alert,
+    Anomaly,
+    ApprovalVerdict,
+    DeadLetter,
+    ExecutionState,
+    OperationState,
+    ReconciliationWorkItem,
+    WorkItemResolution,
+)
+from streams.partitioning import partition_of
+from streams.topics import Topics
+
+EARLIEST_PLAUSIBLE = datetime(1971, 1, 1, tzinfo=UTC)
+ONE_MS = timedelta(milliseconds=1)
+Store = MutableMapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Emission:
+    topic: str
+    key: str | None
+    record: Record
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def timestamp_ms(self) -> int | None:
+        return record_time_ms(self.record)
+
+
+@dataclass
+class Stores:
+    """The worker's tables (Faust tables live; dicts in tests and replays). Values are the
+    JSON-able dumps of the core's state models."""
+
+    inflight: Store = field(default_factory=dict)
+    closed: Store = field(default_factory=dict)
+    operations: Store = field(default_factory=dict)
+    approvals: Store = field(default_factory=dict)
+
+
+@dataclass
+class Counters:
+    """What the worker has done, for metrics and summaries."""
+
+    inputs: Counter[str] = field(default_factory=Counter)
+    outputs: Counter[str] = field(default_factory=Counter)
+    dead_letters: int = 0
+    anomalies: Counter[str] = field(default_factory=Counter)
+
+
+class Processor:
+    def __init__(
+        self,
+        topics: Topics,
+        stores: Stores,
+        *,
+        max_future_skew: timedelta = timedelta(hours=1),
+    ) -> None:
+        self.topics = topics
+        self.stores = stores
+        self.partitions = topics.execution_status.partitions
+        self.input_names = tuple(t.name for t in topics.inputs())
+        self.max_future_skew = max_future_skew
+        self.clocks: dict[int, PartitionClock] = {}
+        self.counters = Counters()
+        self._out = {
+            ExecutionState: topics.execution_state.name,
+            OperationState: topics.operation_state.name,
+            ReconciliationWorkItem: topics.reconciliation_work.name,
+            WorkItemResolution: topics.reconciliation_work.name,
+            ApprovalVerdict: topics.approval_verdicts.name,
+            Alert: topics.alerts.name,
+            Anomaly: topics.anomalies.name,
+            DeadLetter: topics.dead_letters.name,
+        }
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def forget_partitions(self) -> None:
+        """After a rebalance: stream time and due-time indexes are rebuilt from the log and
+        the tables. Decisions are stamped with exact due times, so nothing is decided twice
+        or differently; at worst one tick later."""
+        self.clocks.clear()
+
+    # -- entry point ----------------------------------------------------------------------
+    def handle(self, env: Envelope) -> list[Emission]:
+        if not env.ok:
+            return [self._dead_letter(env)]
+        record = env.record
+        assert record is not None
+        self.counters.inputs[record.avro_name] += 1
+        out: list[Emission] = []
+        if isinstance(record, ev.ClockTick):
+            self._observe(env, record.occurred_at, out)
+            return out
+        refusal = self._check(env, record)
+        if refusal is not None:
+            out.append(self._anomaly(env, record, refusal))
+            return out
+        if isinstance(record, ev.ExecutionStatusChanged):
+            self._on_status(env, record, out)
+        self._observe(env, record.occurred_at, out)  # type: ignore[attr-defined]
+        return out
+
+    # -- validation the core cannot do (it does not know keys or stream time) --------------
+    def _check(self, env: Envelope, record: Record) -> AnomalyFinding | None:
+        key = env.key.decode(errors="replace") if env.key is not None else None
+        execution_id = getattr(record, "execution_id", None)
+        if key != execution_id:
+            return AnomalyFinding(
+                AnomalyKind.KEY_MISMATCH,
+                f"Kafka key {key!r} differs from execution_id {execution_id!r}: the record may "
+                "sit in the wrong partition, away from the rest of its execution",
+            )
+        t: datetime = record.occurred_at  # type: ignore[attr-defined]
+        if t < EARLIEST_PLAUSIBLE:
+            return AnomalyFinding(
+                AnomalyKind.TIME_OUT_OF_RANGE, f"event time {t.isoformat()} is before 1971"
+            )
+        clock = self.clocks.get(env.partition)
+        newest = clock.stream_time if clock else None
+        if newest is not None and t > newest + self.max_future_skew:
+            return AnomalyFinding(
+                AnomalyKind.TIME_OUT_OF_RANGE,
+                f"event time {t.isoformat()} is more than {self.max_future_skew} ahead of the "
+                f"partition's stream time {newest.isoformat()}",
+            )
+        return None
+
+    # -- executions -----------------------------------------------------------------------
+    def _load_execution(self, execution_id: str) -> ex.Slot:
+        stored = self.stores.inflight.get(execution_id)
+        if stored is None:
+            stored = self.stores.closed.get(execution_id)
+        return None if stored is None else ex.load_slot(stored)
+
+    def _store_execution(self, execution_id: str, step: ex.ExecutionStep) -> None:
+        slot = step.slot
+        if isinstance(slot, ex.Closed):
+            self.stores.closed[execution_id] = ex.dump_slot(slot)
+            if execution_id in self.stores.inflight:
+                del self.stores.inflight[execution_id]
+        elif isinstance(slot, ex.InFlight):
+            self.stores.inflight[execution_id] = ex.dump_slot(slot)
+
+    def _on_status(
+        self, env: Envelope, record: ev.ExecutionStatusChanged, out: list[Emission]
+    ) -> None:
+        slot = self._load_execution(record.execution_id)
+        step = ex.apply_status(slot, record)
+        if step.anomaly is not None:
+            out.append(self._anomaly(env, record, step.anomaly))
+            return
+        self._store_execution(record.execution_id, step)
+        if step.published is not None:
+            out.append(self._emit(step.published))
+
+    # -- stream time ----------------------------------------------------------------------
+    def _observe(self, env: Envelope, t: datetime, out: list[Emission]) -> None:
+        if env.topic not in self.input_names:
+            return
+        clock = self.clocks.get(env.partition) or PartitionClock.start(self.input_names)
+        before = clock.watermark
+        clock = clock.observe(env.topic, t)
+        self.clocks[env.partition] = clock
+        after = clock.watermark
+        if after is not None and (before is None or after > before):
+            self._on_watermark(env.partition, after, out)
+
+    def _on_watermark(self, partition: int, watermark: datetime, out: list[Emission]) -> None:
+        """Hook for the timed processors (operations, approvals)."""
+
+    # -- outputs --------------------------------------------------------------------------
+    def _emit(self, record: Record, headers: tuple[tuple[str, str], ...] = ()) -> Emission:
+        topic = self._out[type(record)]
+        self.counters.outputs[record.avro_name] += 1
+        return Emission(topic, record.kafka_key(), record, headers)
+
+    def _anomaly(self, env: Envelope, record: Record, finding: AnomalyFinding) -> Emission:
+        self.counters.anomalies[finding.kind] += 1
+        clock = self.clocks.get(env.partition)
+        occurred = getattr(record, "occurred_at", None)
+        detected = (clock.stream_time if clock else None) or occurred or _ts(env)
+        return self._emit(
+            Anomaly(
+                anomaly_id=deterministic_id(
+                    "anomaly", env.topic, env.partition, env.offset, finding.kind
+                ),
+                kind=finding.kind,
+                reason=finding.reason,
+                execution_id=getattr(record, "execution_id", None),
+                event_id=getattr(record, "event_id", None),
+                event_type=record.avro_name,
+                source_topic=env.topic,
+                source_partition=env.partition,
+                source_offset=env.offset,
+                occurred_at=occurred,
+                detected_at=max(detected, occurred) if occurred else detected,
+            )
+        )
+
+    def _dead_letter(self, env: Envelope) -> Emission:
+        self.counters.dead_letters += 1
+        rec = DeadLetter(
+            dead_letter_id=deterministic_id("dlq", env.topic, env.partition, env.offset),
+            source_topic=env.topic,
+            source_partition=env.partition,
+            source_offset=env.offset,
+            source_timestamp=_ts(env) if env.timestamp_ms else None,
+            reason=env.error or "unknown",
+            original_key=env.key,
+            original_value=env.value,
+        )
+        self.counters.outputs[rec.avro_name] += 1
+        key = env.key.decode(errors="replace") if env.key is not None else None
+        return Emission(self.topics.dead_letters.name, key, rec)
+
+    def partition_of(self, execution_id: str) -> int:
+        return partition_of(execution_id, self.partitions)
+
+
+def _ts(env: Envelope) -> datetime:
+    return datetime.fromtimestamp((env.timestamp_ms or 0) / 1000, UTC)
+
+
+__all__ = ["Emission", "Processor", "Stores", "heapq"]

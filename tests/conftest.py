@@ -1,0 +1,150 @@
+"""Shared fixtures: a real Kafka broker and schema registry, only for tests that ask for one.
+
+The ``cluster`` fixture is session-scoped and lazy: a test gets a cluster by naming the
+fixture (or by carrying ``@pytest.mark.kafka``), and a run with no such test starts nothing.
+Tests that use the cluster are marked ``kafka`` automatically, so ``pytest -m "not kafka"``
+runs the pure tests alone.
+
+Where the cluster comes from, first match wins:
+
+1. ``KAFKA_BOOTSTRAP_SERVERS`` + ``SCHEMA_REGISTRY_URL`` in the environment (nothing started);
+2. testcontainers, when a Docker engine answers (Kafka in KRaft mode + Apicurio Registry);
+3. the project's own local stack (``streams.localstack``: JVM processes, no Docker). It is
+   stopped at the end only if this session started it; a cluster a developer started with
+   ``vigil dev up`` keeps running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Literal
+
+import pytest
+
+from streams import localstack
+from streams.localstack import CCOMPAT_PATH, Cluster
+
+Origin = Literal["env", "docker", "local"]
+
+KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"
+REGISTRY_IMAGE = f"apicurio/apicurio-registry:{localstack.APICURIO_VERSION}"
+STARTUP_TIMEOUT_S = 180
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses the cluster as ``kafka`` (before ``-m`` selection runs)."""
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.kafka)
+
+
+@pytest.fixture(autouse=True)
+def _cluster_for_kafka_marked_tests(request: pytest.FixtureRequest) -> None:
+    """Give ``@pytest.mark.kafka`` tests the cluster even if they do not name the fixture.
+
+    Resolved per test with ``getfixturevalue``, so unmarked tests never start Kafka.
+    """
+    if request.node.get_closest_marker("kafka") is not None:
+        request.getfixturevalue("cluster")
+
+
+@pytest.fixture(scope="session")
+def _cluster_and_origin() -> Iterator[tuple[Cluster, Origin]]:
+    from_env = localstack.cluster_from_env()
+    if from_env is not None:
+        yield from_env, "env"
+    elif _docker_answers():
+        with _containers() as cluster:
+            yield cluster, "docker"
+    else:
+        running_before = localstack.is_running()
+        cluster = localstack.up(timeout=STARTUP_TIMEOUT_S)
+        try:
+            yield cluster, "local"
+        finally:
+            started_here = [name for name, running in running_before.items() if not running]
+            if started_here:
+                localstack.down(started_here)
+
+
+@pytest.fixture(scope="session")
+def cluster(_cluster_and_origin: tuple[Cluster, Origin]) -> Cluster:
+    """A Kafka cluster with a Confluent-compatible schema registry, shared by the session."""
+    return _cluster_and_origin[0]
+
+
+@pytest.fixture(scope="session")
+def cluster_origin(_cluster_and_origin: tuple[Cluster, Origin]) -> Origin:
+    """Where ``cluster`` came from: tests that kill or inspect local processes need "local"."""
+    return _cluster_and_origin[1]
+
+
+def _docker_answers() -> bool:
+    """True if a Docker engine answers a ping (any failure means: no Docker here)."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=5)
+    except Exception:
+        return False
+    try:
+        return bool(client.ping())
+    except Exception:
+        return False
+    finally:
+        client.close()
+
+
+class _containers:
+    """Kafka (KRaft) and Apicurio Registry in containers, removed again on exit.
+
+    A context manager class rather than ``@contextmanager`` so a failure starting the
+    registry (or a broker that never became ready) still removes both containers.
+    """
+
+    def __enter__(self) -> Cluster:
+        from testcontainers.community.kafka import KafkaContainer
+        from testcontainers.core.container import DockerContainer
+        from testcontainers.core.wait_strategies import HttpWaitStrategy
+
+        # Same broker settings as the local stack: topics are never auto-created, group
+        # joins are not delayed, transactions work on one node.
+        self.kafka = (
+            KafkaContainer(KAFKA_IMAGE)
+            .with_kraft()
+            .with_env("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
+            .with_env("KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS", "0")
+            .with_env("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
+            .with_env("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
+        )
+        # The image's default storage is in-memory, which is what a test session wants.
+        self.registry = (
+            DockerContainer(REGISTRY_IMAGE)
+            .with_exposed_ports(8080)
+            .waiting_for(
+                HttpWaitStrategy(8080, f"{CCOMPAT_PATH}/subjects")
+                .for_status_code(200)
+                .with_startup_timeout(STARTUP_TIMEOUT_S)
+            )
+        )
+        try:
+            self.kafka.start(timeout=STARTUP_TIMEOUT_S)
+            self.registry.start()
+        except BaseException:
+            self._stop()
+            raise
+        host = self.registry.get_container_host_ip()
+        port = self.registry.get_exposed_port(8080)
+        return Cluster(
+            bootstrap_servers=self.kafka.get_bootstrap_server(),
+            schema_registry_url=f"http://{host}:{port}{CCOMPAT_PATH}",
+        )
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        # stop() removes the container if one was created and is a no-op otherwise.
+        self.registry.stop()
+        self.kafka.stop()

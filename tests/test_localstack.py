@@ -1,0 +1,270 @@
+"""The local Kafka + schema registry: it answers, carries data, and comes back after a crash.
+
+The first tests are pure (no processes): configuration and pid-file safety. The rest use the
+session's ``cluster`` fixture; the ones that inspect or kill local processes only run when
+that cluster is the local stack, not one from the environment or from containers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+from streams import localstack
+from streams.localstack import Cluster, Settings
+
+# --------------------------------------------------------------------------- pure tests
+
+
+def _settings(tmp_path: Path) -> Settings:
+    return Settings(
+        cache_dir=tmp_path / "cache",
+        state_dir=tmp_path / "state",
+        kafka_port=39092,
+        controller_port=39093,
+        registry_port=38081,
+    )
+
+
+def test_cluster_from_env_needs_both_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.delenv("SCHEMA_REGISTRY_URL", raising=False)
+    assert localstack.cluster_from_env() is None
+
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "broker:9092")
+    with pytest.raises(localstack.LocalStackError, match="SCHEMA_REGISTRY_URL"):
+        localstack.cluster_from_env()
+
+    monkeypatch.setenv("SCHEMA_REGISTRY_URL", "http://registry:8080/apis/ccompat/v7/")
+    assert localstack.cluster_from_env() == Cluster(
+        "broker:9092", "http://registry:8080/apis/ccompat/v7"
+    )
+
+
+def test_settings_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("VIGIL_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("VIGIL_DEV_STATE_DIR", raising=False)
+    monkeypatch.setenv("VIGIL_DEV_KAFKA_PORT", "29092")
+    monkeypatch.delenv("VIGIL_DEV_CONTROLLER_PORT", raising=False)
+    monkeypatch.setenv("VIGIL_DEV_REGISTRY_PORT", "28081")
+    s = Settings.from_env()
+    assert s.state_dir == tmp_path.resolve() / "dev"
+    assert (s.kafka_port, s.controller_port, s.registry_port) == (29092, 29093, 28081)
+    assert s.cluster == Cluster("127.0.0.1:29092", "http://127.0.0.1:28081/apis/ccompat/v7")
+
+    monkeypatch.setenv("VIGIL_DEV_KAFKA_PORT", "not-a-port")
+    with pytest.raises(localstack.LocalStackError, match="VIGIL_DEV_KAFKA_PORT"):
+        Settings.from_env()
+
+
+def test_server_properties_are_single_node_and_strict(tmp_path: Path) -> None:
+    props = dict(
+        line.split("=", 1)
+        for line in localstack._server_properties(_settings(tmp_path)).splitlines()
+        if line and not line.startswith("#")
+    )
+    assert props["process.roles"] == "broker,controller"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:39093"
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:39092"
+    assert props["auto.create.topics.enable"] == "false"
+    assert props["group.initial.rebalance.delay.ms"] == "0"
+    for key, value in props.items():
+        if key.endswith(("replication.factor", "min.isr", "min.insync.replicas")):
+            assert value == "1", key
+
+
+def test_pid_file_of_a_foreign_process_is_not_ours(tmp_path: Path) -> None:
+    """A pid reused by another process (here: this test's own) must not count as running."""
+    s = _settings(tmp_path)
+    s.state_dir.mkdir(parents=True)
+    s.pid_file("kafka").write_text(f"{os.getpid()}\n")
+    assert localstack.is_running(s) == {"kafka": False, "registry": False}
+    report = localstack.status(s)
+    assert report["kafka"]["pid"] is None
+    assert report["kafka"]["running"] is False
+    assert report["registry"]["answering"] is False
+
+
+def test_service_found_by_exact_tag_without_pid_file(tmp_path: Path) -> None:
+    """A lost pid file is recovered from the process tag, and only for the same state dir."""
+    ours = Settings(tmp_path / "c", tmp_path / "state2", 39092, 39093, 38081)
+    prefix = Settings(tmp_path / "c", tmp_path / "state", 39092, 39093, 38081)
+    stand_in = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", localstack._tag(ours, "kafka")]
+    )
+    try:
+        ours.state_dir.mkdir(parents=True)
+        deadline = time.monotonic() + 10
+        while localstack._live_pid(ours, "kafka") is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the child has exec'd and shows its command line
+        assert localstack._live_pid(ours, "kafka") == stand_in.pid
+        assert ours.pid_file("kafka").read_text().strip() == str(stand_in.pid)
+        assert localstack._live_pid(prefix, "kafka") is None  # "state" is a prefix of "state2"
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+    assert localstack._live_pid(ours, "kafka") is None
+
+
+def test_find_java_is_new_enough() -> None:
+    java = localstack.find_java()
+    major = localstack._java_major(java)
+    assert major is not None
+    assert major >= localstack.MIN_JAVA
+
+
+# --------------------------------------------------------------------------- with a cluster
+
+
+@pytest.fixture
+def topic(cluster: Cluster) -> Iterator[str]:
+    """A fresh topic (auto-creation is off), deleted afterwards."""
+    name = f"vigil-test-{uuid.uuid4().hex[:12]}"
+    _create_topic(cluster, name)
+    yield name
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    for future in admin.delete_topics([name], operation_timeout=30).values():
+        future.result(timeout=60)
+
+
+def _create_topic(cluster: Cluster, name: str, partitions: int = 3) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    futures = admin.create_topics([NewTopic(name, num_partitions=partitions)])
+    for future in futures.values():
+        future.result(timeout=60)
+
+
+def _produce(cluster: Cluster, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+    producer = Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all"})
+    for key, value in records:
+        producer.produce(topic, key=key, value=value)
+    assert producer.flush(30) == 0, "records left unsent"
+
+
+def _consume(cluster: Cluster, topic: str, count: int, timeout: float = 60.0) -> list[tuple]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap_servers,
+            "group.id": f"vigil-test-{uuid.uuid4().hex[:12]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    got: list[tuple] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(got) < count and time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                assert error.code() == KafkaError._PARTITION_EOF, error
+                continue
+            got.append((message.key(), message.value()))
+    finally:
+        consumer.close()
+    return got
+
+
+def test_cluster_answers(cluster: Cluster) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    metadata = admin.list_topics(timeout=30)
+    assert metadata.brokers, "no broker in the metadata"
+
+    response = httpx.get(f"{cluster.schema_registry_url}/subjects", timeout=30)
+    assert response.status_code == 200
+    assert isinstance(response.json(), list)
+
+
+def test_produce_consume_round_trip(cluster: Cluster, topic: str) -> None:
+    records = [(f"exec-{i}".encode(), f"payload-{i}".encode()) for i in range(10)]
+    _produce(cluster, topic, records)
+    assert sorted(_consume(cluster, topic, len(records))) == sorted(records)
+
+
+def test_registry_speaks_confluent_api(cluster: Cluster) -> None:
+    """confluent-kafka's client accepts the registry URL as it is and gets stable ids."""
+    client = SchemaRegistryClient({"url": cluster.schema_registry_url})
+    subject = f"vigil-test-{uuid.uuid4().hex[:12]}-value"
+    schema = Schema(
+        '{"type":"record","name":"Probe","namespace":"vigil.test",'
+        '"fields":[{"name":"execution_id","type":"string"}]}',
+        "AVRO",
+    )
+    schema_id = client.register_schema(subject, schema)
+    assert client.register_schema(subject, schema) == schema_id  # idempotent
+    assert subject in client.get_subjects()
+    assert "execution_id" in client.get_schema(schema_id).schema_str
+    client.delete_subject(subject, permanent=False)
+
+
+@pytest.fixture
+def local_only(cluster_origin: str) -> None:
+    if cluster_origin != "local":
+        pytest.skip(f"the cluster came from {cluster_origin}, not from streams.localstack")
+
+
+@pytest.mark.usefixtures("local_only")
+def test_status_reports_running(cluster: Cluster) -> None:
+    report = localstack.status()
+    for service in localstack.SERVICES:
+        assert report[service]["running"], report
+        assert report[service]["answering"], report
+        assert isinstance(report[service]["pid"], int)
+    assert report["kafka"]["address"] == cluster.bootstrap_servers
+    assert report["registry"]["address"] == cluster.schema_registry_url
+
+
+@pytest.mark.usefixtures("local_only")
+def test_up_is_idempotent(cluster: Cluster) -> None:
+    before = {name: info["pid"] for name, info in localstack.status().items()}
+    assert localstack.up() == cluster
+    after = {name: info["pid"] for name, info in localstack.status().items()}
+    assert after == before
+
+
+@pytest.mark.usefixtures("local_only")
+def test_lost_pid_file_is_recovered() -> None:
+    pid = localstack.status()["kafka"]["pid"]
+    settings = Settings.from_env()
+    settings.pid_file("kafka").unlink()
+    assert localstack.status()["kafka"]["pid"] == pid
+    assert settings.pid_file("kafka").read_text().strip() == str(pid)
+
+
+@pytest.mark.usefixtures("local_only")
+def test_broker_comes_back_after_sigkill(cluster: Cluster, topic: str) -> None:
+    """A crashed broker leaves a stale pid file; up() notices, restarts it, data survives.
+
+    Leaves the cluster running for the tests after it.
+    """
+    _produce(cluster, topic, [(b"k", b"before the crash")])
+    old_pid = localstack.status()["kafka"]["pid"]
+    os.kill(old_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while localstack.is_running()["kafka"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    report = localstack.status()["kafka"]
+    assert not report["running"]
+    assert not report["answering"]
+
+    assert localstack.up() == cluster
+
+    report = localstack.status()["kafka"]
+    assert report["running"] and report["answering"]
+    assert report["pid"] != old_pid
+    assert _consume(cluster, topic, 1) == [(b"k", b"before the crash")]
