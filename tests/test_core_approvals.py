@@ -618,25 +618,31 @@ maybe_minute = st.one_of(minute, st.none())
 
 @st.composite
 def any_facts(draw: st.DrawFn, unknown_times: bool = True) -> ApprovalFacts:
-    """Arbitrary facts of one request, on a minute grid (so ties and exact deadlines occur)."""
+    """Arbitrary facts of one request, on a minute grid (so ties and exact deadlines occur).
+
+    Weighted towards healthy values, so that WAITING, UNCERTAIN and RESUMING occur often
+    enough next to the failures.
+    """
     t = maybe_minute if unknown_times else minute
+    mostly = st.sampled_from
     req = request(
         requested_at=mm(draw(st.integers(0, 10))),
-        expires_at=draw(st.one_of(st.none(), minute.map(mm))),
-        approver_ref=draw(st.sampled_from([None, "role:owner"])),
-        resume_handle=draw(st.sampled_from([None, "h"])),
-        risk=draw(st.sampled_from([Risk.LOW, Risk.HIGH, *([None] if unknown_times else [])])),
+        expires_at=draw(st.one_of(st.none(), st.none(), minute.map(mm))),
+        approver_ref=draw(mostly([None, "role:owner", "role:owner", "role:owner"])),
+        resume_handle=draw(mostly([None, "h", "h", "h"])),
+        risk=draw(mostly([Risk.LOW, Risk.LOW, Risk.HIGH, *([None] if unknown_times else [])])),
     )
+    late = st.integers(min_value=5, max_value=80)
     return facts(
         req,
         deliveries=draw(st.lists(st.tuples(t, st.sampled_from(list(DeliveryOutcome))), max_size=3)),
         acks=draw(st.lists(t, max_size=2)),
         decisions=draw(
-            st.lists(st.tuples(t, st.sampled_from([D.ACCEPT, D.DECLINE, D.CANCEL])), max_size=3)
+            st.lists(st.tuples(t, st.sampled_from([D.ACCEPT, D.DECLINE, D.CANCEL])), max_size=2)
         ),
         receipts=draw(st.lists(t, max_size=2)),
-        digests=draw(st.lists(st.tuples(t, st.sampled_from(["A", "B"])), max_size=3)),
-        heartbeats=draw(st.lists(t, max_size=4)),
+        digests=draw(st.lists(st.tuples(t, mostly(["A", "A", "B"])), max_size=2)),
+        heartbeats=draw(st.lists(st.one_of(t, late), max_size=5)),
     )
 
 

@@ -1,0 +1,168 @@
+"""Helpers for tests against the real broker: isolated topic sets, a worker subprocess,
+producing and reading back records."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from streams.admin import create_topics, prepare_registry
+from streams.clients import ConsumedRecord, RecordProducer, consume
+from streams.codec import AvroCodec, RegistryConfig
+from streams.localstack import Cluster
+from streams.models.base import Record
+from streams.settings import Settings
+from streams.topics import Topics
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Deployment:
+    """One isolated vigil deployment on the shared test cluster: its own topic prefix,
+    application id and data dir, so tests never see each other's records."""
+
+    settings: Settings
+    codec: AvroCodec
+    topics: Topics
+    workdir: Path
+
+    def env(self) -> dict[str, str]:
+        s = self.settings
+        env = dict(os.environ)
+        env.update(
+            KAFKA_BOOTSTRAP_SERVERS=s.bootstrap_servers,
+            SCHEMA_REGISTRY_URL=s.schema_registry_url,
+            VIGIL_TOPIC_PREFIX=s.topic_prefix,
+            VIGIL_OUTPUT_SUFFIX=s.output_suffix,
+            VIGIL_PARTITIONS=str(s.partitions),
+            VIGIL_APP_ID=s.app_id,
+            VIGIL_STORE=s.store,
+            VIGIL_TICK_INTERVAL=f"{int(s.tick_interval.total_seconds() * 1000)}ms",
+            PYTHONPATH=str(ROOT),
+        )
+        return env
+
+    def producer(self) -> RecordProducer:
+        return RecordProducer(self.settings, self.codec)
+
+    def produce(self, records: Iterable[Record]) -> None:
+        p = self.producer()
+        for r in records:
+            topic = next(t.name for t in self.topics.inputs() if type(r) in t.value_types)
+            p.send(topic, r)
+        p.flush()
+
+    def tick(self, at: Any) -> None:
+        p = self.producer()
+        for spec in self.topics.inputs():
+            p.tick(spec.name, spec.partitions, at, "test-ticker")
+        p.flush()
+
+    def read(
+        self, topics: list[str], *, idle: float = 3.0, max_records: int | None = None
+    ) -> list[ConsumedRecord]:
+        return list(
+            consume(self.settings, self.codec, topics, idle_timeout=idle, max_records=max_records)
+        )
+
+    def read_until(
+        self, topics: list[str], done: Callable[[list[ConsumedRecord]], bool], timeout: float = 60.0
+    ) -> list[ConsumedRecord]:
+        deadline = time.monotonic() + timeout
+        got: list[ConsumedRecord] = []
+        while time.monotonic() < deadline:
+            got = self.read(topics, idle=1.0)
+            if done(got):
+                return got
+            time.sleep(0.5)
+        raise AssertionError(f"timed out; got {len(got)} records: {[r.record for r in got][:20]}")
+
+
+def deployment(cluster: Cluster, tmp_path: Path, partitions: int = 3, **kw: Any) -> Deployment:
+    name = f"t{uuid.uuid4().hex[:8]}"
+    settings = replace(
+        Settings.from_env(),
+        bootstrap_servers=cluster.bootstrap_servers,
+        schema_registry_url=cluster.schema_registry_url,
+        topic_prefix=name,
+        app_id=name,
+        partitions=partitions,
+        data_dir=str(tmp_path / "data"),
+        **kw,
+    )
+    codec = AvroCodec.connect(RegistryConfig(settings.schema_registry_url))
+    create_topics(settings)
+    prepare_registry(settings, codec)
+    return Deployment(settings, codec, Topics.from_settings(settings), tmp_path)
+
+
+@contextmanager
+def worker(
+    dep: Deployment, *, ready_timeout: float = 90.0, extra_args: list[str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``vigil worker`` as a subprocess, waited on until its agent runs, stopped with SIGTERM."""
+    log_path = dep.workdir / f"worker-{uuid.uuid4().hex[:6]}.log"
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "streams.cli",
+        "worker",
+        "--web-port",
+        str(port),
+        "--data-dir",
+        str(dep.workdir / "data"),
+        *(extra_args or []),
+    ]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            cmd,
+            env=dep.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=dep.workdir,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while time.monotonic() < deadline:
+            text = log_path.read_text(errors="replace")
+            if "Ready" in text and "[^Worker]" in text:
+                break
+            if proc.poll() is not None:
+                raise AssertionError(f"worker exited {proc.returncode}:\n{text[-4000:]}")
+            time.sleep(0.3)
+        else:
+            raise AssertionError(f"worker not ready:\n{log_path.read_text()[-4000:]}")
+        proc.log_path = log_path  # type: ignore[attr-defined]
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+
+def kill_hard(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)

@@ -1,0 +1,104 @@
+"""Issue 2's proof on the real broker and registry: typed event in, typed output out through a
+worker subprocess; garbage lands on the dead-letter topic and the worker carries on."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry import Schema
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+from streams.core.executions import apply_status
+from streams.models.enums import ExecutionStatus
+from streams.models.events import ExecutionStatusChanged
+from streams.models.outputs import DeadLetter, ExecutionState
+from tests.support import deployment, worker
+
+pytestmark = pytest.mark.kafka
+T0 = datetime(2026, 7, 26, 16, 0, tzinfo=UTC)
+
+
+def status(ex: str, seq: int, st: ExecutionStatus, minutes: int = 0) -> ExecutionStatusChanged:
+    return ExecutionStatusChanged(
+        event_id=f"{ex}-{seq}",
+        execution_id=ex,
+        sequence=seq,
+        status=st,
+        occurred_at=T0 + timedelta(minutes=minutes),
+    )
+
+
+def test_worker_publishes_typed_output_and_dead_letters_garbage(cluster, tmp_path: Path) -> None:
+    dep = deployment(cluster, tmp_path)
+    first = status("ex-a", 1, ExecutionStatus.CREATED)
+    after = status("ex-a", 2, ExecutionStatus.VALIDATING, 1)
+    dep.produce([first])
+    raw = Producer(
+        {"bootstrap.servers": dep.settings.bootstrap_servers, "partitioner": "murmur2_random"}
+    )
+    raw.produce(dep.topics.execution_status.name, key=b"ex-a", value=b"\x00\x00garbage")
+    raw.flush()
+    dep.produce([after])
+
+    expected_first = apply_status(None, first).published
+    expected_after = apply_status(apply_status(None, first).slot, after).published
+
+    with worker(dep):
+        got = dep.read_until(
+            [dep.topics.execution_state.name, dep.topics.dead_letters.name],
+            lambda rs: len(rs) >= 3,
+        )
+    states = [r.record for r in got if isinstance(r.record, ExecutionState)]
+    letters = [r for r in got if isinstance(r.record, DeadLetter)]
+    assert states == [expected_first, expected_after]
+    assert len(letters) == 1
+    dl = letters[0].record
+    assert dl.original_value == b"\x00\x00garbage"
+    assert dl.original_key == b"ex-a"
+    assert dl.source_topic == dep.topics.execution_status.name
+    assert "truncated" in dl.reason or "schema id" in dl.reason
+    # outputs carry the event time as the Kafka timestamp, never the send time
+    state_ts = [r.timestamp_ms for r in got if isinstance(r.record, ExecutionState)]
+    assert state_ts == [
+        int(first.occurred_at.timestamp() * 1000),
+        int(after.occurred_at.timestamp() * 1000),
+    ]
+
+
+def test_producer_partitions_like_the_worker(cluster, tmp_path: Path) -> None:
+    """murmur2 on both sides: the partition a record lands in is the one the worker's tables
+    and our partition_of() expect."""
+    from streams.partitioning import partition_of
+
+    dep = deployment(cluster, tmp_path, partitions=6)
+    events = [status(f"ex-{i}", 1, ExecutionStatus.CREATED) for i in range(40)]
+    dep.produce(events)
+    got = dep.read([dep.topics.execution_status.name], idle=2.0)
+    assert len(got) == 40
+    for r in got:
+        assert r.partition == partition_of(r.key, 6)
+
+
+def test_registry_refuses_incompatible_change(cluster, tmp_path: Path) -> None:
+    dep = deployment(cluster, tmp_path)
+    dep.produce([status("ex-b", 1, ExecutionStatus.CREATED)])  # registers v1
+    registry = dep.codec.registry
+    subject = f"{dep.topics.execution_status.name}-vigil.v1.events.ExecutionStatusChanged"
+    assert subject in registry.get_subjects()
+    v1 = registry.get_latest_version(subject).schema.schema_str
+    import json
+
+    incompatible = json.loads(v1)
+    incompatible["fields"].append({"name": "tenant", "type": "string", "doc": "no default"})
+    with pytest.raises(SchemaRegistryError) as err:
+        registry.register_schema(subject, Schema(json.dumps(incompatible), "AVRO"))
+    assert err.value.http_status_code == 409
+
+    compatible = json.loads(v1)
+    compatible["fields"].append(
+        {"name": "tenant", "type": ["null", "string"], "default": None, "doc": "optional"}
+    )
+    assert registry.register_schema(subject, Schema(json.dumps(compatible), "AVRO")) > 0
