@@ -23,6 +23,7 @@ from typing import Any
 
 from streams.clients import record_time_ms
 from streams.core import executions as ex
+from streams.core import operations as ops
 from streams.core.clock import PartitionClock
 from streams.core.findings import AnomalyFinding
 from streams.core.ids import deterministic_id
@@ -88,13 +89,19 @@ class Processor:
         stores: Stores,
         *,
         max_future_skew: timedelta = timedelta(hours=1),
+        operation_config: ops.OperationConfig | None = None,
     ) -> None:
         self.topics = topics
         self.stores = stores
         self.partitions = topics.execution_status.partitions
         self.input_names = tuple(t.name for t in topics.inputs())
         self.max_future_skew = max_future_skew
+        self.operation_config = operation_config or ops.OperationConfig()
         self.clocks: dict[int, PartitionClock] = {}
+        # Due-time index per partition: a heap of (due ms, execution id). Stale entries are
+        # harmless (advancing a book is idempotent); rebuilt from the tables on first use.
+        self.due: dict[int, list[tuple[int, str]]] = {}
+        self.dirty: dict[int, set[str]] = {}
         self.counters = Counters()
         self._out = {
             ExecutionState: topics.execution_state.name,
@@ -113,6 +120,8 @@ class Processor:
         the tables. Decisions are stamped with exact due times, so nothing is decided twice
         or differently; at worst one tick later."""
         self.clocks.clear()
+        self.due.clear()
+        self.dirty.clear()
 
     # -- entry point ----------------------------------------------------------------------
     def handle(self, env: Envelope) -> list[Emission]:
@@ -131,6 +140,10 @@ class Processor:
             return out
         if isinstance(record, ev.ExecutionStatusChanged):
             self._on_status(env, record, out)
+        elif isinstance(record, ev.OperationEvent):
+            self._on_operation(env, record, out)
+        else:
+            self._on_approval_fact(env, record, out)
         self._observe(env, record.occurred_at, out)  # type: ignore[attr-defined]
         return out
 
@@ -186,6 +199,84 @@ class Processor:
         self._store_execution(record.execution_id, step)
         if step.published is not None:
             out.append(self._emit(step.published))
+        if isinstance(step.slot, ex.InFlight) and slot is None:
+            # operations or approvals may have been seen before the first status
+            self._sync_open_items(record.execution_id, record.occurred_at, out)
+
+    def _sync_open_items(self, execution_id: str, at: datetime, out: list[Emission]) -> None:
+        stored = self.stores.inflight.get(execution_id)
+        if stored is None:
+            return
+        step = ex.set_open_items(
+            ex.load_slot(stored),
+            ops.open_operation_ids(self._load_operations(execution_id)),
+            self._open_approvals(execution_id),
+            at,
+        )
+        if step.published is not None:
+            self._store_execution(execution_id, step)
+            out.append(self._emit(step.published))
+
+    # -- operations -----------------------------------------------------------------------
+    def _load_operations(self, execution_id: str) -> ops.OperationBook | None:
+        stored = self.stores.operations.get(execution_id)
+        return None if stored is None else ops.OperationBook.model_validate_json(stored)
+
+    def _store_operations(self, book: ops.OperationBook) -> None:
+        self.stores.operations[book.execution_id] = book.model_dump_json()
+        due = ops.next_deadline(book)
+        if due is not None:
+            self._schedule(book.execution_id, due)
+
+    def _on_operation(self, env: Envelope, record: ev.OperationEvent, out: list[Emission]) -> None:
+        book = self._load_operations(record.execution_id)
+        if book is not None:
+            # Deadlines before this event, judged on this topic's own order: a reply stamped
+            # after its deadline finds the attempt already UNKNOWN, live and in a replay.
+            before = ops.advance(book, record.occurred_at - ONE_MS, self.operation_config)
+            out.extend(self._emit(r) for r in before.outputs)
+            book = before.book
+        step = ops.apply_event(book, record, self.operation_config)
+        out.extend(self._emit(r) for r in step.outputs)
+        out.extend(self._anomaly(env, record, f) for f in step.anomalies)
+        if step.book is not None:
+            self._store_operations(step.book)
+        self._sync_open_items(record.execution_id, record.occurred_at, out)
+
+    # -- approvals ------------------------------------------------------------------------
+    def _open_approvals(self, execution_id: str) -> tuple[str, ...]:
+        return ()
+
+    def _on_approval_fact(self, env: Envelope, record: Record, out: list[Emission]) -> None:
+        return
+
+    def _advance_approvals(
+        self, execution_id: str, horizon: datetime, out: list[Emission]
+    ) -> datetime | None:
+        return None
+
+    # -- timers ---------------------------------------------------------------------------
+    def _schedule(self, execution_id: str, due: datetime) -> None:
+        partition = self.partition_of(execution_id)
+        if partition in self.due:
+            heapq.heappush(self.due[partition], (_ms(due), execution_id))
+
+    def _ensure_index(self, partition: int) -> list[tuple[int, str]]:
+        heap = self.due.get(partition)
+        if heap is None:
+            heap = []
+            for key, value in list(self.stores.operations.items()):
+                if self.partition_of(key) == partition:
+                    due = ops.next_deadline(ops.OperationBook.model_validate_json(value))
+                    if due is not None:
+                        heap.append((_ms(due), key))
+            heap.extend(self._approval_due(partition))
+            heapq.heapify(heap)
+            self.due[partition] = heap
+        return heap
+
+    def _approval_due(self, partition: int) -> list[tuple[int, str]]:
+        return []
 
     # -- stream time ----------------------------------------------------------------------
     def _observe(self, env: Envelope, t: datetime, out: list[Emission]) -> None:
@@ -200,11 +291,36 @@ class Processor:
             self._on_watermark(env.partition, after, out)
 
     def _on_watermark(self, partition: int, watermark: datetime, out: list[Emission]) -> None:
-        """Hook for the timed processors (operations, approvals)."""
+        """Take every decision due strictly before the watermark, key by key in id order."""
+        horizon = watermark - ONE_MS
+        heap = self._ensure_index(partition)
+        keys = self.dirty.pop(partition, set())
+        limit = _ms(horizon)
+        while heap and heap[0][0] <= limit:
+            keys.add(heapq.heappop(heap)[1])
+        for key in sorted(keys):
+            self._advance_key(key, horizon, out)
+
+    def _advance_key(self, execution_id: str, horizon: datetime, out: list[Emission]) -> None:
+        changed_at: datetime | None = None
+        book = self._load_operations(execution_id)
+        if book is not None:
+            step = ops.advance(book, horizon, self.operation_config)
+            if step.outputs:
+                out.extend(self._emit(r) for r in step.outputs)
+                self._store_operations(step.book)
+                changed_at = max(_record_time(r) for r in step.outputs)
+        approvals_at = self._advance_approvals(execution_id, horizon, out)
+        if approvals_at is not None:
+            changed_at = max(changed_at, approvals_at) if changed_at else approvals_at
+        if changed_at is not None:
+            self._sync_open_items(execution_id, changed_at, out)
 
     # -- outputs --------------------------------------------------------------------------
     def _emit(self, record: Record, headers: tuple[tuple[str, str], ...] = ()) -> Emission:
         topic = self._out[type(record)]
+        if isinstance(record, Alert) and not headers:
+            headers = alert_headers(record)
         self.counters.outputs[record.avro_name] += 1
         return Emission(topic, record.kafka_key(), record, headers)
 
@@ -251,8 +367,26 @@ class Processor:
         return partition_of(execution_id, self.partitions)
 
 
+def alert_headers(alert: Alert) -> tuple[tuple[str, str], ...]:
+    """Kafka headers that let a subscriber filter alerts without decoding Avro."""
+    return (
+        ("kind", str(alert.kind)),
+        ("status", str(alert.status)),
+        ("verdict", alert.verdict or ""),
+        ("owner", str(alert.owner)),
+        ("severity", str(alert.severity)),
+    )
+
+
+def _ms(t: datetime) -> int:
+    return int(t.timestamp() * 1000)
+
+
+def _record_time(record: Record) -> datetime:
+    ms = record_time_ms(record)
+    assert ms is not None
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
 def _ts(env: Envelope) -> datetime:
     return datetime.fromtimestamp((env.timestamp_ms or 0) / 1000, UTC)
-
-
-__all__ = ["Emission", "Processor", "Stores", "heapq"]

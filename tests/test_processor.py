@@ -1,0 +1,166 @@
+"""The shell without Kafka: envelopes in, emissions out, dicts as tables."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from itertools import count
+
+import pytest
+
+from streams.envelope import Envelope
+from streams.models.base import Record
+from streams.models.enums import (
+    AnomalyKind,
+    ExecutionStatus,
+    OperationEventKind,
+    OperationStatus,
+    RetryVerdict,
+)
+from streams.models.events import ClockTick, ExecutionStatusChanged, OperationEvent
+from streams.models.outputs import (
+    Alert,
+    Anomaly,
+    DeadLetter,
+    ExecutionState,
+    OperationState,
+    ReconciliationWorkItem,
+    WorkItemResolution,
+)
+from streams.partitioning import partition_of
+from streams.processor import Processor, Stores
+from streams.settings import Settings
+from streams.topics import Topics
+
+T0 = datetime(2026, 7, 26, 16, 0, tzinfo=UTC)
+TOPICS = Topics.from_settings(Settings(partitions=3))
+_offsets = count()
+
+
+def env(
+    record: Record, topic: str | None = None, key: str | None = None, partition: int | None = None
+) -> Envelope:
+    if topic is None:
+        topic = next(t.name for t in TOPICS.inputs() if type(record) in t.value_types)
+    k = key if key is not None else getattr(record, "execution_id", None)
+    p = partition if partition is not None else partition_of(k or "", 3)
+    return Envelope(topic, p, next(_offsets), None, k.encode() if k else None, b"", record, None)
+
+
+def ticks(proc: Processor, at: datetime) -> list[Record]:
+    out = []
+    for spec in TOPICS.inputs():
+        for p in range(3):
+            tick = ClockTick(ticker_id="t", partition=p, occurred_at=at)
+            out += [e.record for e in proc.handle(env(tick, spec.name, key="", partition=p))]
+    return out
+
+
+def sent(
+    op: str,
+    attempt: int = 1,
+    minutes: float = 0,
+    ex: str = "ex-1",
+    kind: OperationEventKind = OperationEventKind.SENT,
+    **kw,
+) -> OperationEvent:
+    return OperationEvent(
+        event_id=f"{op}-{attempt}-{kind}-{minutes}",
+        execution_id=ex,
+        operation_id=op,
+        attempt=attempt,
+        idempotency_key=f"idem-{op}",
+        connector="sms",
+        kind=kind,
+        occurred_at=T0 + timedelta(minutes=minutes),
+        **kw,
+    )
+
+
+@pytest.fixture
+def proc() -> Processor:
+    return Processor(TOPICS, Stores())
+
+
+def handle(proc: Processor, record: Record, **kw) -> list[Record]:
+    return [e.record for e in proc.handle(env(record, **kw))]
+
+
+def test_quiet_partition_times_out_by_ticks_alone(proc: Processor) -> None:
+    handle(
+        proc,
+        ExecutionStatusChanged(
+            event_id="s1",
+            execution_id="ex-1",
+            sequence=1,
+            status=ExecutionStatus.RUNNING,
+            occurred_at=T0,
+        ),
+    )
+    out = handle(proc, sent("op-1", reply_due_at=T0 + timedelta(seconds=30)))
+    assert [type(r) for r in out] == [OperationState, ExecutionState]
+    assert ticks(proc, T0 + timedelta(seconds=10)) == []
+    fired = ticks(proc, T0 + timedelta(seconds=31))
+    states = [r for r in fired if isinstance(r, OperationState)]
+    items = [r for r in fired if isinstance(r, ReconciliationWorkItem)]
+    assert [s.status for s in states] == [OperationStatus.UNKNOWN]
+    assert states[0].retry == RetryVerdict.FORBIDDEN
+    assert len(items) == 1 and items[0].created_at == T0 + timedelta(seconds=30)
+    assert any(isinstance(r, Alert) for r in fired)
+    assert ticks(proc, T0 + timedelta(seconds=40)) == []  # fires once
+
+
+def test_late_verification_resolves_the_work_item(proc: Processor) -> None:
+    handle(proc, sent("op-1", reply_due_at=T0 + timedelta(seconds=30)))
+    fired = ticks(proc, T0 + timedelta(minutes=1))
+    item = next(r for r in fired if isinstance(r, ReconciliationWorkItem))
+    out = handle(
+        proc,
+        sent("op-1", minutes=2, kind=OperationEventKind.VERIFIED, evidence_source="RECONCILER"),
+    )
+    res = [r for r in out if isinstance(r, WorkItemResolution)]
+    assert len(res) == 1 and res[0].work_item_id == item.work_item_id
+    assert res[0].outcome == OperationStatus.VERIFIED
+
+
+def test_reply_after_deadline_in_topic_order_is_late_even_without_ticks(proc: Processor) -> None:
+    handle(proc, sent("op-1", reply_due_at=T0 + timedelta(seconds=30)))
+    out = handle(
+        proc,
+        sent("op-1", minutes=1, kind=OperationEventKind.ACKNOWLEDGED, evidence_source="CONNECTOR"),
+    )
+    statuses = [r.status for r in out if isinstance(r, OperationState)]
+    assert statuses[0] == OperationStatus.UNKNOWN
+    assert OperationStatus.ACKNOWLEDGED not in statuses
+
+
+def test_forbidden_retry_raises_one_alert(proc: Processor) -> None:
+    handle(proc, sent("op-1", reply_due_at=T0 + timedelta(seconds=30)))
+    out = handle(proc, sent("op-1", attempt=2, minutes=0.1))
+    alerts = [r for r in out if isinstance(r, Alert) and r.kind == "FORBIDDEN_RETRY"]
+    assert len(alerts) == 1
+
+
+def test_key_mismatch_and_garbage(proc: Processor) -> None:
+    rec = ExecutionStatusChanged(
+        event_id="s1",
+        execution_id="ex-1",
+        sequence=1,
+        status=ExecutionStatus.RUNNING,
+        occurred_at=T0,
+    )
+    out = handle(proc, rec, key="ex-2")
+    assert [type(r) for r in out] == [Anomaly] and out[0].kind == AnomalyKind.KEY_MISMATCH
+    bad = Envelope(TOPICS.execution_status.name, 0, 99, 1000, b"k", b"\x01xx", None, "boom")
+    (dl,) = [e.record for e in proc.handle(bad)]
+    assert isinstance(dl, DeadLetter) and dl.original_value == b"\x01xx" and dl.reason == "boom"
+    assert proc.counters.dead_letters == 1
+
+
+def test_restart_rebuilds_timer_index_from_tables() -> None:
+    stores = Stores()
+    first = Processor(TOPICS, stores)
+    handle(first, sent("op-1", reply_due_at=T0 + timedelta(seconds=30)))
+    ticks(first, T0 + timedelta(seconds=5))
+    second = Processor(TOPICS, stores)  # a restart: same tables, nothing in memory
+    fired = ticks(second, T0 + timedelta(seconds=31))
+    assert len([r for r in fired if isinstance(r, ReconciliationWorkItem)]) == 1
