@@ -238,8 +238,10 @@ def _parse_threshold(value: str, option: str) -> Any:
 
 def _table(results: Iterable[AuditResult]) -> Table:
     table = Table(title="approval audit", show_lines=True)
-    for column in ("request", "verdict", "owner", "failed proofs", "next safe step"):
-        table.add_column(column)
+    for column in ("request", "verdict", "owner"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("failed proofs")
+    table.add_column("next safe step")
     for result in results:
         e = result.evaluation
         proofs = "\n".join(f"{f.proof.value} {f.state.value}: {f.reason}" for f in e.failed_proofs)

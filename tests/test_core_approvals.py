@@ -892,6 +892,14 @@ def test_redelivered_event_is_idempotent() -> None:
     again = add_fact(book, e)
     assert again == book
     assert advance(again, mm(6), RESOLVE)[1] == ()
+    hb = heartbeat(5)
+    book, _ = advance(add_fact(book, hb), mm(6), RESOLVE)
+    assert add_fact(book, hb) == book
+    assert add_fact(book, heartbeat(4)) == book  # older than the one judged with: irrelevant
+    assert add_fact(book, heartbeat(5.5)) != book  # the new latest heartbeat
+    d = digest(5, "A")
+    book = add_fact(book, d)
+    assert add_fact(book, d) == book
 
 
 def test_book_refuses_another_execution() -> None:

@@ -403,7 +403,7 @@ def threshold_resolver(
 # --------------------------------------------------------------------------------------------
 
 
-class Evaluation(_Frozen):
+class Evaluation(_TimedModel):
     """The verdict on one request at one instant, with every proof that does not hold."""
 
     request_id: str
@@ -816,9 +816,17 @@ def add_fact(book: ApprovalBook, event: ApprovalEvent) -> ApprovalBook:
         update: dict[str, Any] = {"execution_id": execution_id}
         if isinstance(event, CurrentActionDigest):
             fact = DigestFact(at=event.occurred_at, digest=event.action_digest)
+            if fact in book.digests:
+                return book
             update["digests"] = ApprovalBook._canonical_digests((*book.digests, fact))
         else:
-            update["heartbeats"] = tuple(sorted({*book.heartbeats, event.occurred_at}))
+            at = to_millis(event.occurred_at)
+            # a heartbeat no newer than one already judged with can never be the latest again
+            if book.heartbeats and at <= book.heartbeats[0] <= (book.evaluated_until or at):
+                return book
+            if at in book.heartbeats:
+                return book
+            update["heartbeats"] = tuple(sorted({*book.heartbeats, at}))
         update["dirty"] = tuple(sorted({*book.dirty, *book.requests}))
         return book.model_copy(update=update)
 
@@ -870,11 +878,16 @@ def advance(
     """Bring every request's verdict up to stream time ``to``.
 
     Each request is evaluated at every change point in ``(evaluated_until, to]`` and, if its
-    facts changed since the last call, at ``to`` itself (a late fact is so judged at the stream
-    time it became known). A record is emitted only when the verdict differs from the last one,
-    stamped with the change point, so the output does not depend on how often or where in
-    between the shell calls this: stepping through ``to`` in several calls emits the same
-    records as one call. Records come sorted by (evaluated_at, request_id). A ``to`` behind
+    facts changed since the last call, at ``to`` itself. A record is emitted only when the
+    verdict differs from the last one, stamped with the change point, so the output does not
+    depend on how often or where in between the shell calls this: stepping through ``to`` in
+    several calls emits the same records as one call. Records come sorted by
+    (evaluated_at, request_id).
+
+    Contract: call it with ``to`` only once every fact with a time ``<= to`` is in the book
+    (the partition watermark; minus 1 ms if more events at exactly the watermark may follow).
+    A fact older than ``evaluated_until`` is late: the past already published is not rewritten,
+    its effect appears from the first instant evaluated after it was added. A ``to`` behind
     ``evaluated_until`` (stream time never goes back) is treated as ``evaluated_until``.
     """
     to = to_millis(to)
