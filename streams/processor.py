@@ -22,8 +22,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from streams.clients import record_time_ms
+from streams.core import approvals as ap
 from streams.core import executions as ex
 from streams.core import operations as ops
+from streams.core.alerts import verdict_alerts
 from streams.core.clock import PartitionClock
 from streams.core.findings import AnomalyFinding
 from streams.core.ids import deterministic_id
@@ -90,6 +92,9 @@ class Processor:
         *,
         max_future_skew: timedelta = timedelta(hours=1),
         operation_config: ops.OperationConfig | None = None,
+        thresholds: ap.ThresholdSet | None = None,
+        policies: dict[str, ap.ThresholdOverrides] | None = None,
+        closed_retention: timedelta = timedelta(hours=24),
     ) -> None:
         self.topics = topics
         self.stores = stores
@@ -97,6 +102,8 @@ class Processor:
         self.input_names = tuple(t.name for t in topics.inputs())
         self.max_future_skew = max_future_skew
         self.operation_config = operation_config or ops.OperationConfig()
+        self.thresholds_for = ap.threshold_resolver(policies, thresholds)
+        self.closed_retention = closed_retention
         self.clocks: dict[int, PartitionClock] = {}
         # Due-time index per partition: a heap of (due ms, execution id). Stale entries are
         # harmless (advancing a book is idempotent); rebuilt from the tables on first use.
@@ -244,16 +251,46 @@ class Processor:
         self._sync_open_items(record.execution_id, record.occurred_at, out)
 
     # -- approvals ------------------------------------------------------------------------
+    def _load_approvals(self, execution_id: str) -> ap.ApprovalBook | None:
+        stored = self.stores.approvals.get(execution_id)
+        return None if stored is None else ap.ApprovalBook.model_validate_json(stored)
+
     def _open_approvals(self, execution_id: str) -> tuple[str, ...]:
-        return ()
+        book = self._load_approvals(execution_id)
+        return ap.open_request_ids(book) if book is not None else ()
 
     def _on_approval_fact(self, env: Envelope, record: Record, out: list[Emission]) -> None:
-        return
+        """Facts are stored at once; verdicts are judged when the watermark passes them, so
+        a decision and its receipt meet whichever topic delivers first, and a fact that comes
+        before its request waits for it in the book."""
+        execution_id: str = record.execution_id  # type: ignore[attr-defined]
+        book = self._load_approvals(execution_id) or ap.ApprovalBook(execution_id=execution_id)
+        book = ap.add_fact(book, record)  # type: ignore[arg-type]
+        self.stores.approvals[execution_id] = book.model_dump_json()
+        self.dirty.setdefault(env.partition, set()).add(execution_id)
 
     def _advance_approvals(
         self, execution_id: str, horizon: datetime, out: list[Emission]
     ) -> datetime | None:
-        return None
+        book = self._load_approvals(execution_id)
+        if book is None:
+            return None
+        previous_ids = {
+            rid: deterministic_id("verdict", rid, lv.verdict, lv.since)
+            for rid, lv in book.last_verdicts.items()
+        }
+        new_book, verdicts = ap.advance(book, horizon, self.thresholds_for)
+        new_book = ap.purge_closed(new_book, horizon - self.closed_retention)
+        for v in verdicts:
+            out.append(self._emit(v))
+            out.extend(self._emit(a) for a in verdict_alerts(v, previous_ids.get(v.request_id)))
+            previous_ids[v.request_id] = v.verdict_id
+        if new_book != book:
+            self.stores.approvals[execution_id] = new_book.model_dump_json()
+        due = ap.next_change(new_book, self.thresholds_for)
+        if due is not None:
+            self._schedule(execution_id, due)
+        return max((v.evaluated_at for v in verdicts), default=None)
 
     # -- timers ---------------------------------------------------------------------------
     def _schedule(self, execution_id: str, due: datetime) -> None:
@@ -276,7 +313,16 @@ class Processor:
         return heap
 
     def _approval_due(self, partition: int) -> list[tuple[int, str]]:
-        return []
+        due_list = []
+        for key, value in list(self.stores.approvals.items()):
+            if self.partition_of(key) == partition:
+                book = ap.ApprovalBook.model_validate_json(value)
+                due = ap.next_change(book, self.thresholds_for)
+                if due is not None:
+                    due_list.append((_ms(due), key))
+                if book.dirty:
+                    self.dirty.setdefault(partition, set()).add(key)
+        return due_list
 
     # -- stream time ----------------------------------------------------------------------
     def _observe(self, env: Envelope, t: datetime, out: list[Emission]) -> None:
