@@ -372,9 +372,10 @@ class Processor:
 
     def _anomaly(self, env: Envelope, record: Record, finding: AnomalyFinding) -> Emission:
         self.counters.anomalies[finding.kind] += 1
-        clock = self.clocks.get(env.partition)
         occurred = getattr(record, "occurred_at", None)
-        detected = (clock.stream_time if clock else None) or occurred or _ts(env)
+        # The offending event's own time, not the stream time when it was read: that depends
+        # on how topics interleave, and a replay must give the very same record.
+        detected = occurred or _ts(env)
         return self._emit(
             Anomaly(
                 anomaly_id=deterministic_id(
@@ -389,7 +390,7 @@ class Processor:
                 source_partition=env.partition,
                 source_offset=env.offset,
                 occurred_at=occurred,
-                detected_at=max(detected, occurred) if occurred else detected,
+                detected_at=detected,
             )
         )
 

@@ -166,3 +166,44 @@ def worker(
 def kill_hard(proc: subprocess.Popen[bytes]) -> None:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(10)
+
+
+def play(dep: Deployment, steps: Iterable[Any]) -> None:
+    """Produce scenario steps in order: records to their topic, ticks to every partition of
+    every input topic."""
+    from streams.scenario import Tick
+
+    p = dep.producer()
+    for s in steps:
+        if isinstance(s, Tick):
+            for spec in dep.topics.inputs():
+                p.tick(spec.name, spec.partitions, s.at, "test-ticker")
+        else:
+            topic = next(t.name for t in dep.topics.inputs() if type(s) in t.value_types)
+            p.send(topic, s)
+    p.flush()
+
+
+def by_id(records: Iterable[ConsumedRecord]) -> dict[str, Record]:
+    """Outputs keyed by their deterministic id; asserts duplicates are identical."""
+    out: dict[str, Record] = {}
+    for r in records:
+        rec = r.record
+        assert rec is not None, r.error
+        rid = next(
+            getattr(rec, f)
+            for f in (
+                "state_id",
+                "resolution_id",
+                "work_item_id",
+                "verdict_id",
+                "alert_id",
+                "anomaly_id",
+                "dead_letter_id",
+            )
+            if hasattr(rec, f)
+        )
+        if rid in out:
+            assert out[rid] == rec, f"same id, different record: {rid}"
+        out[rid] = rec
+    return out

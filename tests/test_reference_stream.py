@@ -47,8 +47,9 @@ def test_offline_audit_gives_the_reference_verdicts() -> None:
 
     app = typer.Typer()
     app.command()(audit)
-    res = CliRunner().invoke(app, [str(REFERENCE_AUDIT), "--at", REFERENCE_AT.isoformat(),
-                                   "--json"])
+    res = CliRunner().invoke(
+        app, [str(REFERENCE_AUDIT), "--at", REFERENCE_AT.isoformat(), "--json"]
+    )
     got = {json.loads(x)["request_id"]: json.loads(x)["verdict"] for x in res.stdout.splitlines()}
     assert got == EXPECTED
 
@@ -63,14 +64,16 @@ def test_interleaving_and_tick_phase_do_not_change_outputs() -> None:
     # another interleaving: events of different topics swapped within the same minute, and
     # ticks at another phase (every 20 s instead of every minute)
     events = [s for s in steps if not isinstance(s, Tick)]
-    reordered = sorted(events, key=lambda e: (e.occurred_at.replace(second=0), type(e).__name__,
-                                              e.occurred_at))
+    reordered = sorted(
+        events, key=lambda e: (e.occurred_at.replace(second=0), type(e).__name__, e.occurred_at)
+    )
     other_ticks = [Tick(t.at.replace(second=20)) for t in steps if isinstance(t, Tick)][:-1]
-    merged = sorted(reordered + other_ticks + [steps[-1]],
-                    key=lambda s: (s.at if isinstance(s, Tick) else s.occurred_at,
-                                   isinstance(s, Tick)))
+    merged = sorted(
+        reordered + other_ticks + [steps[-1]],
+        key=lambda s: (s.at if isinstance(s, Tick) else s.occurred_at, isinstance(s, Tick)),
+    )
     b = play(merged)
     key = lambda r: (type(r).__name__, r.model_dump_json())  # noqa: E731
     kinds = ("ApprovalVerdict", "ReconciliationWorkItem", "Alert", "WorkItemResolution")
-    pick = lambda rs: sorted((key(r) for r in rs if type(r).__name__ in kinds))  # noqa: E731
+    pick = lambda rs: sorted(key(r) for r in rs if type(r).__name__ in kinds)  # noqa: E731
     assert pick(a) == pick(b)
