@@ -255,6 +255,22 @@ def ticker(
     run_ticker(s, _codec(s), count=count)
 
 
+@app.command("demo")
+def demo(
+    pace: Annotated[float, typer.Option(help="Seconds of real time per scenario minute.")] = 0.15,
+    keep: Annotated[
+        bool, typer.Option(help="Leave the local broker and registry running.")
+    ] = False,
+) -> None:
+    """The main job on the bundled scenario, live: starts the local broker and registry (unless
+    KAFKA_BOOTSTRAP_SERVERS is set), creates topics, runs a worker, plays the reference audit,
+    a connector timeout reconciled later, a forbidden retry and a normal execution, and shows
+    verdicts, work items and alerts as they arrive. Ctrl-C stops all it started."""
+    from streams.demo import run_demo
+
+    raise typer.Exit(run_demo(pace=pace, keep=keep, console=out))
+
+
 def main() -> None:
     _mount_optional()
     app()

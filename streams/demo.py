@@ -1,0 +1,293 @@
+"""``vigil demo``: the whole pipeline on the bundled scenario, live in the terminal.
+
+It starts (unless a cluster is configured) the local broker and registry, creates a fresh set
+of topics, starts a worker process, and plays the scenario — the reference audit of six
+approval requests, an SMS whose connector never answers and is later reconciled, a refund
+retried while its first attempt is unanswered, and an ordinary execution to completion —
+with the scenario's own clock ticks, paced so the outputs arrive as they would live. Ctrl-C
+stops everything it started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from streams import localstack
+from streams.admin import create_topics, prepare_registry
+from streams.clients import RecordProducer, consume
+from streams.codec import AvroCodec, RegistryConfig
+from streams.models.base import Record
+from streams.models.outputs import (
+    Alert,
+    Anomaly,
+    ApprovalVerdict,
+    DeadLetter,
+    ExecutionState,
+    OperationState,
+    ReconciliationWorkItem,
+    WorkItemResolution,
+)
+from streams.scenario import REFERENCE_AT, Tick, demo_scenario
+from streams.settings import Settings
+from streams.topics import Topics
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def describe(record: Record) -> tuple[str, str, str, str] | None:
+    """(time, what, subject, detail) for a terminal line; None for records not shown live."""
+    match record:
+        case ApprovalVerdict():
+            detail = f"{record.verdict} → {record.owner}: {record.next_step}"
+            return _t(record.evaluated_at), "verdict", record.request_id, detail
+        case ReconciliationWorkItem():
+            return (
+                _t(record.created_at),
+                "work item",
+                record.operation_id,
+                f"{record.kind}: reconcile against the source, never retry blindly",
+            )
+        case WorkItemResolution():
+            return (
+                _t(record.resolved_at),
+                "resolved",
+                record.operation_id,
+                f"{record.outcome} by {record.evidence_source}",
+            )
+        case Alert():
+            return (
+                _t(record.occurred_at),
+                f"alert {record.status.lower()}",
+                record.subject_id,
+                f"{record.severity} {record.kind} {record.verdict or ''} → {record.owner}",
+            )
+        case OperationState():
+            return (
+                _t(record.since),
+                "operation",
+                record.operation_id,
+                f"{record.status} (retry: {record.retry})"
+                + (f" [{record.reason}]" if record.reason else ""),
+            )
+        case ExecutionState() if record.terminal:
+            return _t(record.last_event_at), "execution", record.execution_id, str(record.status)
+        case Anomaly():
+            return _t(record.detected_at), "anomaly", record.execution_id or "-", record.reason
+        case DeadLetter():
+            return "-", "dead letter", record.source_topic, record.reason
+    return None
+
+
+def _t(value: datetime) -> str:
+    return value.strftime("%H:%M:%S")
+
+
+STYLE = {
+    "verdict": "cyan",
+    "work item": "yellow",
+    "resolved": "green",
+    "alert firing": "red",
+    "alert resolved": "green",
+    "operation": "white",
+    "execution": "blue",
+    "anomaly": "magenta",
+    "dead letter": "magenta",
+}
+
+
+def run_demo(pace: float = 0.15, keep: bool = False, console: Console | None = None) -> int:
+    console = console or Console()
+    started_cluster = False
+    cluster = localstack.cluster_from_env()
+    if cluster is None:
+        console.print("[bold]Starting the local Kafka broker and schema registry…[/bold]")
+        was_running = all(localstack.is_running().values())
+        cluster = localstack.up()
+        started_cluster = not was_running
+    stamp = time.strftime("%Y%m%d%H%M%S")
+    workdir = Path(tempfile.mkdtemp(prefix="vigil-demo-"))
+    settings = replace(
+        Settings.from_env(),
+        bootstrap_servers=cluster.bootstrap_servers,
+        schema_registry_url=cluster.schema_registry_url,
+        topic_prefix=f"vigil-demo-{stamp}",
+        app_id=f"vigil-demo-{stamp}",
+        partitions=3,
+        data_dir=str(workdir / "data"),
+    )
+    topics = Topics.from_settings(settings)
+    codec = AvroCodec.connect(RegistryConfig(settings.schema_registry_url))
+    create_topics(settings)
+    prepare_registry(settings, codec)
+    console.print(f"Topics [bold]{settings.topic_prefix}.*[/bold] created.")
+    worker = _start_worker(settings, workdir)
+    stop = threading.Event()
+    seen: list[Record] = []
+    reader = threading.Thread(
+        target=_show, args=(settings, codec, topics, console, stop, seen), daemon=True
+    )
+    try:
+        _wait_ready(worker, workdir / "worker.log", console)
+        reader.start()
+        console.print(
+            f"[bold]Playing the scenario[/bold] (scenario clock, {len(demo_scenario())} steps)…\n"
+        )
+        producer = RecordProducer(settings, codec)
+        for step in demo_scenario():
+            if isinstance(step, Tick):
+                for spec in topics.inputs():
+                    producer.tick(spec.name, spec.partitions, step.at, "demo-scenario-clock")
+                producer.flush()
+                time.sleep(pace)
+            else:
+                spec = next(t for t in topics.inputs() if type(step) in t.value_types)
+                producer.send(spec.name, step)
+        producer.flush()
+        _wait_quiet(seen, console)
+        _summary(seen, console)
+        return 0
+    except KeyboardInterrupt:
+        console.print("\n[yellow]Interrupted: stopping what the demo started…[/yellow]")
+        return 130
+    finally:
+        stop.set()
+        _stop(worker)
+        if started_cluster and not keep:
+            localstack.down()
+            console.print("Local broker and registry stopped (keep them with --keep).")
+        elif started_cluster:
+            console.print("Local broker and registry left running: `vigil dev down` stops them.")
+
+
+def _start_worker(settings: Settings, workdir: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env.update(
+        KAFKA_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
+        SCHEMA_REGISTRY_URL=settings.schema_registry_url,
+        VIGIL_TOPIC_PREFIX=settings.topic_prefix,
+        VIGIL_APP_ID=settings.app_id,
+        VIGIL_PARTITIONS=str(settings.partitions),
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
+    with socket.socket() as sock:  # any free port for the worker's web server
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = (workdir / "worker.log").open("wb")
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streams.cli",
+            "worker",
+            "--web-port",
+            str(port),
+            "--data-dir",
+            str(workdir / "data"),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=workdir,
+        start_new_session=True,
+    )
+
+
+def _wait_ready(worker: subprocess.Popen[bytes], log: Path, console: Console) -> None:
+    with console.status("Starting a worker…"):
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            text = log.read_text(errors="replace") if log.exists() else ""
+            if "[^Worker]" in text and "Ready" in text:
+                console.print("Worker ready.")
+                return
+            if worker.poll() is not None:
+                raise RuntimeError(f"the worker exited ({worker.returncode}):\n{text[-3000:]}")
+            time.sleep(0.3)
+    raise RuntimeError(f"the worker did not become ready; see {log}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def _show(
+    settings: Settings,
+    codec: AvroCodec,
+    topics: Topics,
+    console: Console,
+    stop: threading.Event,
+    seen: list[Record],
+) -> None:
+    names = [t.name for t in topics.outputs()]
+    ids: set[str] = set()
+    while not stop.is_set():
+        for r in consume(settings, codec, names, from_beginning=True, idle_timeout=0.5):
+            if r.record is None:
+                continue
+            key = r.record.model_dump_json()
+            if key in ids:
+                continue
+            ids.add(key)
+            seen.append(r.record)
+            line = describe(r.record)
+            if line:
+                at, what, subject, detail = line
+                style = STYLE.get(what, "white")
+                console.print(
+                    f"[dim]{at}[/dim] [{style}]{what:<14}[/{style}] "
+                    f"[bold]{subject:<20}[/bold] {detail}"
+                )
+        time.sleep(0.2)
+
+
+def _wait_quiet(seen: list[Record], console: Console, quiet: float = 4.0) -> None:
+    with console.status("Waiting for the last outputs…"):
+        last, n = time.monotonic(), -1
+        while time.monotonic() - last < quiet:
+            if len(seen) != n:
+                n, last = len(seen), time.monotonic()
+            time.sleep(0.3)
+
+
+def _summary(seen: list[Record], console: Console) -> None:
+    counts = Counter(type(r).__name__ for r in seen)
+    console.print()
+    table = Table(title=f"Approval waits at {REFERENCE_AT.isoformat()}")
+    for col in ("request", "verdict", "owner", "failed proofs", "next safe step"):
+        table.add_column(col)
+    final: dict[str, ApprovalVerdict] = {}
+    for r in seen:
+        if isinstance(r, ApprovalVerdict) and r.evaluated_at <= REFERENCE_AT:
+            cur = final.get(r.request_id)
+            if cur is None or r.evaluated_at >= cur.evaluated_at:
+                final[r.request_id] = r
+    for rid, v in sorted(final.items()):
+        proofs = ", ".join(f"{f.proof}:{f.reason}" for f in v.failed_proofs) or "-"
+        table.add_row(rid, str(v.verdict), str(v.owner), proofs, v.next_step)
+    console.print(table)
+    totals = Table(title="Outputs")
+    totals.add_column("record")
+    totals.add_column("count", justify="right")
+    for name, n in sorted(counts.items()):
+        totals.add_row(name, str(n))
+    console.print(totals)
