@@ -9,9 +9,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streams.durations import parse_duration
+
+if TYPE_CHECKING:
+    from streams.policies import Policies
 
 DEV_BOOTSTRAP = "127.0.0.1:19092"
 DEV_REGISTRY = "http://127.0.0.1:18081/apis/ccompat/v7"
@@ -54,6 +57,21 @@ class Settings:
     retention_ms: int = -1
     #: VIGIL_CLOSED_RETENTION — how long closed executions/approvals are remembered.
     closed_retention: timedelta = timedelta(hours=24)
+    #: VIGIL_GRACE, VIGIL_HEARTBEAT_FRESH, VIGIL_DELIVERY_DEADLINE — approval thresholds used
+    #: when neither the request nor its action policy says otherwise.
+    grace: timedelta = timedelta(minutes=5)
+    heartbeat_fresh: timedelta = timedelta(minutes=10)
+    delivery_deadline: timedelta = timedelta(minutes=5)
+    #: VIGIL_REPLY_TIMEOUT, VIGIL_VERIFY_TIMEOUT — operation deadlines when a SENT or an
+    #: ACKNOWLEDGED event carries none and its connector has no entry in the policies file.
+    reply_timeout: timedelta = timedelta(seconds=30)
+    verify_timeout: timedelta = timedelta(minutes=5)
+    #: VIGIL_POLICIES_FILE — JSON with per-action approval thresholds and per-connector
+    #: deadlines (see streams/policies.py).
+    policies_file: str | None = None
+    #: VIGIL_MAX_FUTURE_SKEW — events further ahead of their partition's stream time are
+    #: anomalies (a producer clock gone wrong must not drag stream time forward).
+    max_future_skew: timedelta = timedelta(hours=1)
     #: KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
@@ -80,6 +98,13 @@ class Settings:
             tick_interval=parse_duration(_env("VIGIL_TICK_INTERVAL", "1s")),  # type: ignore[arg-type]
             retention_ms=int(_env("VIGIL_RETENTION_MS", "-1")),  # type: ignore[arg-type]
             closed_retention=parse_duration(_env("VIGIL_CLOSED_RETENTION", "24h")),  # type: ignore[arg-type]
+            grace=parse_duration(_env("VIGIL_GRACE", "5m")),  # type: ignore[arg-type]
+            heartbeat_fresh=parse_duration(_env("VIGIL_HEARTBEAT_FRESH", "10m")),  # type: ignore[arg-type]
+            delivery_deadline=parse_duration(_env("VIGIL_DELIVERY_DEADLINE", "5m")),  # type: ignore[arg-type]
+            reply_timeout=parse_duration(_env("VIGIL_REPLY_TIMEOUT", "30s")),  # type: ignore[arg-type]
+            verify_timeout=parse_duration(_env("VIGIL_VERIFY_TIMEOUT", "5m")),  # type: ignore[arg-type]
+            policies_file=_env("VIGIL_POLICIES_FILE"),
+            max_future_skew=parse_duration(_env("VIGIL_MAX_FUTURE_SKEW", "1h")),  # type: ignore[arg-type]
             security_protocol=_env("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),  # type: ignore[arg-type]
             sasl_mechanism=_env("KAFKA_SASL_MECHANISM"),
             sasl_username=_env("KAFKA_SASL_USERNAME"),
@@ -95,6 +120,18 @@ class Settings:
             value = getattr(self, f.name)
             out[f.name] = "***" if f.name in SECRET_FIELDS and value else value
         return out
+
+    def policies(self) -> Policies:
+        from streams.policies import load_policies
+
+        return load_policies(
+            self.policies_file,
+            grace=self.grace,
+            heartbeat_fresh=self.heartbeat_fresh,
+            delivery_deadline=self.delivery_deadline,
+            reply_timeout=self.reply_timeout,
+            verify_timeout=self.verify_timeout,
+        )
 
     def confluent_conf(self) -> dict[str, Any]:
         """librdkafka settings for confluent-kafka clients (CLI, ticker, tests)."""
