@@ -11,15 +11,19 @@ time, never the send time.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import faust
 
 from streams.codec import AvroCodec
 from streams.envelope import SafeAvroSchema
+from streams.feed import Feed
+from streams.metrics import Metrics
 from streams.processor import Emission, Processor, Stores
 from streams.settings import Settings
 from streams.topics import Topics
+from streams.web import register_web
 
 log = logging.getLogger("vigil.pipeline")
 
@@ -68,7 +72,10 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         )
         for spec in topics.outputs()
     }
-    app.vigil_processor = processor  # type: ignore[attr-defined]  # read side, metrics
+    feed = Feed()
+    metrics = Metrics(processor, lambda: _lag(app))
+    register_web(app, processor, feed, settings, metrics)
+    app.vigil_processor = processor  # type: ignore[attr-defined]
 
     async def send(em: Emission) -> None:
         ts = em.timestamp_ms
@@ -82,8 +89,14 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     @app.agent(source, name="vigil-pipeline", concurrency=1)
     async def pipeline(stream: faust.StreamT) -> None:
         async for event in stream.events():
-            for em in processor.handle(event.value):
+            emissions = processor.handle(event.value)
+            for em in emissions:
                 await send(em)
+            if emissions:
+                feed.publish(em.record for em in emissions)
+                ts = event.message.timestamp
+                if ts:
+                    metrics.latency.observe(max(0.0, time.time() - ts))
 
     @app.on_partitions_revoked.connect
     async def _revoked(app: faust.App, revoked: Any, **_: Any) -> None:
@@ -94,3 +107,20 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         processor.forget_partitions()
 
     return processor
+
+
+def _lag(app: faust.App) -> dict[tuple[str, int], int]:
+    """Records between the consumer's position and the log end, per input partition."""
+    out: dict[tuple[str, int], int] = {}
+    consumer = getattr(app, "consumer", None)
+    if consumer is None:
+        return out
+    try:
+        for tp in consumer.assignment():
+            high = consumer.highwater(tp)
+            last = consumer._committed_offset.get(tp)
+            if high is not None and last is not None:
+                out[(tp.topic, tp.partition)] = max(0, high - last)
+    except Exception:  # metrics must never take the worker down
+        log.debug("lag unavailable", exc_info=True)
+    return out

@@ -55,6 +55,11 @@ def create_app(settings: Settings, codec: AvroCodec | None = None) -> faust.App:
         autodiscover=False,
         table_cleanup_interval=60.0,
         producer_acks=-1,
+        # Faust's own views expose table data and cluster topology without authentication.
+        web_tables_enabled=False,
+        web_router_enabled=False,
+        web_graph_enabled=False,
+        web_stats_enabled=False,
     )
     from agents.pipeline import register
 

@@ -81,6 +81,7 @@ class Counters:
     inputs: Counter[str] = field(default_factory=Counter)
     outputs: Counter[str] = field(default_factory=Counter)
     dead_letters: int = 0
+    verdicts: Counter[str] = field(default_factory=Counter)
     anomalies: Counter[str] = field(default_factory=Counter)
 
 
@@ -365,6 +366,8 @@ class Processor:
     # -- outputs --------------------------------------------------------------------------
     def _emit(self, record: Record, headers: tuple[tuple[str, str], ...] = ()) -> Emission:
         topic = self._out[type(record)]
+        if isinstance(record, ApprovalVerdict):
+            self.counters.verdicts[str(record.verdict)] += 1
         if isinstance(record, Alert) and not headers:
             headers = alert_headers(record)
         self.counters.outputs[record.avro_name] += 1

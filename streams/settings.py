@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 DEV_BOOTSTRAP = "127.0.0.1:19092"
 DEV_REGISTRY = "http://127.0.0.1:18081/apis/ccompat/v7"
-SECRET_FIELDS = frozenset({"sasl_password", "registry_basic_auth"})
+SECRET_FIELDS = frozenset({"sasl_password", "registry_basic_auth", "api_token"})
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -72,6 +72,10 @@ class Settings:
     #: VIGIL_MAX_FUTURE_SKEW — events further ahead of their partition's stream time are
     #: anomalies (a producer clock gone wrong must not drag stream time forward).
     max_future_skew: timedelta = timedelta(hours=1)
+    #: VIGIL_API_TOKEN — when set, every HTTP endpoint wants "Authorization: Bearer <token>".
+    api_token: str | None = field(default=None, repr=False)
+    #: VIGIL_SSE_KEEPALIVE — seconds between keep-alive comments on idle SSE streams.
+    sse_keepalive: float = 15.0
     #: KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
@@ -105,6 +109,8 @@ class Settings:
             verify_timeout=parse_duration(_env("VIGIL_VERIFY_TIMEOUT", "5m")),  # type: ignore[arg-type]
             policies_file=_env("VIGIL_POLICIES_FILE"),
             max_future_skew=parse_duration(_env("VIGIL_MAX_FUTURE_SKEW", "1h")),  # type: ignore[arg-type]
+            api_token=_env("VIGIL_API_TOKEN"),
+            sse_keepalive=float(_env("VIGIL_SSE_KEEPALIVE", "15")),  # type: ignore[arg-type]
             security_protocol=_env("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),  # type: ignore[arg-type]
             sasl_mechanism=_env("KAFKA_SASL_MECHANISM"),
             sasl_username=_env("KAFKA_SASL_USERNAME"),

@@ -593,3 +593,13 @@ def open_operation_ids(book: OperationBook | None) -> tuple[str, ...]:
             or any(rec.status in IN_FLIGHT for rec in op.attempts.values())
         )
     )
+
+
+def current_states(book: OperationBook | None) -> tuple[OperationState, ...]:
+    """The published state of every operation of the book (its latest attempt), by id: what
+    the read side shows for an execution."""
+    if book is None:
+        return ()
+    return tuple(
+        _state(book, op_id, book.operations[op_id].current) for op_id in sorted(book.operations)
+    )

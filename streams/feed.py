@@ -1,0 +1,101 @@
+"""The live feed behind ``GET /v1/executions/{id}/stream``: the recent outputs of each
+execution, held in memory, with their deterministic ids as SSE event ids.
+
+Because the event id is the output record's own id, a client that reconnects with
+``Last-Event-ID`` resumes right after it, even across a worker restart, as long as the record
+is still held (the last ``per_execution`` outputs of the ``max_executions`` most recently
+active executions). A record no longer held is not invented: the client gets what is held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from streams.models.base import Record
+
+ID_FIELDS = (
+    "state_id",
+    "resolution_id",
+    "work_item_id",
+    "verdict_id",
+    "alert_id",
+    "anomaly_id",
+    "dead_letter_id",
+)
+
+
+def record_id(record: Record) -> str:
+    for f in ID_FIELDS:
+        value = getattr(record, f, None)
+        if value:
+            return str(value)
+    raise ValueError(f"{record.avro_name} has no id field")
+
+
+@dataclass(frozen=True, slots=True)
+class FeedEvent:
+    id: str
+    kind: str
+    data: str
+    terminal: bool = False
+
+    def sse(self) -> bytes:
+        return f"id: {self.id}\nevent: {self.kind}\ndata: {self.data}\n\n".encode()
+
+
+class Feed:
+    def __init__(self, per_execution: int = 256, max_executions: int = 10_000) -> None:
+        self.per_execution = per_execution
+        self.max_executions = max_executions
+        self._events: OrderedDict[str, deque[FeedEvent]] = OrderedDict()
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+
+    def publish(self, records: Iterable[Record]) -> None:
+        for record in records:
+            execution_id = getattr(record, "execution_id", None)
+            if not execution_id:
+                continue
+            terminal = bool(getattr(record, "terminal", False))
+            event = FeedEvent(
+                record_id(record),
+                record.avro_name,
+                json.dumps(record.model_dump(mode="json")),
+                terminal,
+            )
+            buf = self._events.get(execution_id)
+            if buf is None:
+                buf = self._events[execution_id] = deque(maxlen=self.per_execution)
+                while len(self._events) > self.max_executions:
+                    self._events.popitem(last=False)
+            else:
+                self._events.move_to_end(execution_id)
+            if buf and buf[-1].id == event.id:
+                continue  # a redelivered duplicate
+            buf.append(event)
+            for waiter in self._waiters.get(execution_id, ()):
+                waiter.set()
+
+    def held(self, execution_id: str, after: str | None = None) -> list[FeedEvent]:
+        """Held events of the execution, those after ``after`` if it is still held."""
+        events = list(self._events.get(execution_id, ()))
+        if after is not None:
+            for i, e in enumerate(events):
+                if e.id == after:
+                    return events[i + 1 :]
+        return events
+
+    def subscribe(self, execution_id: str) -> asyncio.Event:
+        waiter = asyncio.Event()
+        self._waiters.setdefault(execution_id, set()).add(waiter)
+        return waiter
+
+    def unsubscribe(self, execution_id: str, waiter: asyncio.Event) -> None:
+        waiters = self._waiters.get(execution_id)
+        if waiters is not None:
+            waiters.discard(waiter)
+            if not waiters:
+                del self._waiters[execution_id]

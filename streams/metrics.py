@@ -1,0 +1,102 @@
+"""Prometheus metrics of a worker, collected at scrape time.
+
+Counters live in ``Processor.counters`` (plain integers, no locking on the hot path); gauges
+of open work are computed from the local tables when Prometheus scrapes, so processing pays
+nothing for them. The latency histogram is observed as outputs are sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from streams.core import approvals as ap
+from streams.core import operations as ops
+from streams.models.enums import OperationStatus
+from streams.processor import Processor
+
+
+class VigilCollector:
+    def __init__(self, processor: Processor, lag: Callable[[], dict[tuple[str, int], int]]):
+        self.processor = processor
+        self.lag = lag
+
+    def collect(self) -> Iterator[Any]:
+        c = self.processor.counters
+        events = CounterMetricFamily("vigil_events_in", "Input records by kind", labels=["kind"])
+        for kind, n in sorted(c.inputs.items()):
+            events.add_metric([kind], n)
+        yield events
+        outs = CounterMetricFamily("vigil_outputs", "Output records by kind", labels=["kind"])
+        for kind, n in sorted(c.outputs.items()):
+            outs.add_metric([kind], n)
+        yield outs
+        verdicts = CounterMetricFamily(
+            "vigil_verdicts", "Verdict transitions by verdict", labels=["verdict"]
+        )
+        for v, n in sorted(c.verdicts.items()):
+            verdicts.add_metric([v], n)
+        yield verdicts
+        dl = CounterMetricFamily("vigil_dead_letters", "Records sent to the dead-letter topic")
+        dl.add_metric([], c.dead_letters)
+        yield dl
+        anomalies = CounterMetricFamily("vigil_anomalies", "Anomalies by kind", labels=["kind"])
+        for kind, n in sorted(c.anomalies.items()):
+            anomalies.add_metric([str(kind)], n)
+        yield anomalies
+
+        stores = self.processor.stores
+        inflight = GaugeMetricFamily("vigil_executions_in_flight", "Executions in flight")
+        inflight.add_metric([], len(stores.inflight))
+        yield inflight
+        unknown = work = 0
+        for value in list(stores.operations.values()):
+            book = ops.OperationBook.model_validate_json(value)
+            for op in book.operations.values():
+                for rec in op.attempts.values():
+                    unknown += rec.status == OperationStatus.UNKNOWN
+                    work += rec.work_item_id is not None
+        g = GaugeMetricFamily("vigil_operations_unknown", "Operations whose outcome is UNKNOWN")
+        g.add_metric([], unknown)
+        yield g
+        g = GaugeMetricFamily("vigil_work_items_open", "Open reconciliation work items")
+        g.add_metric([], work)
+        yield g
+        by_verdict: dict[str, int] = {}
+        for value in list(stores.approvals.values()):
+            book = ap.ApprovalBook.model_validate_json(value)
+            for rid in ap.open_request_ids(book):
+                last = book.last_verdicts.get(rid)
+                key = str(last.verdict) if last else "UNJUDGED"
+                by_verdict[key] = by_verdict.get(key, 0) + 1
+        g = GaugeMetricFamily(
+            "vigil_approvals_open", "Open approval requests by verdict", labels=["verdict"]
+        )
+        for v, n in sorted(by_verdict.items()):
+            g.add_metric([v], n)
+        yield g
+        lag = GaugeMetricFamily(
+            "vigil_consumer_lag", "Records behind the log end", labels=["topic", "partition"]
+        )
+        for (topic, partition), n in sorted(self.lag().items()):
+            lag.add_metric([topic, str(partition)], n)
+        yield lag
+
+
+class Metrics:
+    def __init__(self, processor: Processor, lag: Callable[[], dict[tuple[str, int], int]]):
+        self.registry = CollectorRegistry()
+        self.registry.register(VigilCollector(processor, lag))  # type: ignore[arg-type]
+        self.latency = Histogram(
+            "vigil_processing_latency_seconds",
+            "From an input record's timestamp to the send of its outputs (for live traffic, "
+            "log append to output)",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
