@@ -115,7 +115,11 @@ def deployment(cluster: Cluster, tmp_path: Path, partitions: int = 3, **kw: Any)
 
 @contextmanager
 def worker(
-    dep: Deployment, *, ready_timeout: float = 90.0, extra_args: list[str] | None = None
+    dep: Deployment,
+    *,
+    ready_timeout: float = 90.0,
+    extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """``vigil worker`` as a subprocess, waited on until its agent runs, stopped with SIGTERM."""
     log_path = dep.workdir / f"worker-{uuid.uuid4().hex[:6]}.log"
@@ -134,7 +138,7 @@ def worker(
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             cmd,
-            env=dep.env(),
+            env=dep.env() | (env or {}),
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=dep.workdir,
@@ -152,6 +156,7 @@ def worker(
         else:
             raise AssertionError(f"worker not ready:\n{log_path.read_text()[-4000:]}")
         proc.log_path = log_path  # type: ignore[attr-defined]
+        proc.web_port = port  # type: ignore[attr-defined]
         yield proc
     finally:
         if proc.poll() is None:
