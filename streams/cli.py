@@ -65,13 +65,25 @@ def _codec(settings: Settings):  # type: ignore[no-untyped-def]
     )
 
 
+_mounted = False
+
+
 def _mount_optional() -> None:
-    """Sub-commands that live in their own modules."""
+    """Sub-commands that live in their own modules (mounted once, lazily: importing the CLI
+    stays cheap)."""
+    global _mounted
+    if _mounted:
+        return
+    _mounted = True
     from streams.audit import audit
     from streams.cli_dev import dev_app
 
     app.add_typer(dev_app, name="dev", help="Start, stop and inspect the local Kafka + registry.")
     app.command("audit", help="Judge approval snapshots offline with the live evaluator.")(audit)
+    from streams.cli_api import status, watch
+
+    app.command("status")(status)
+    app.command("watch")(watch)
 
 
 @app.command("config")
@@ -132,8 +144,11 @@ def produce(
     bootstrap: BootstrapOpt = None,
     registry: RegistryOpt = None,
 ) -> None:
-    """Produce JSON records as Avro. Each line is one record; ``"type"`` names the record type
-    when the topic carries several (it always may). The key is the record's execution id."""
+    """Produce JSON lines as Avro records.
+
+    Each line is one record; "type" names the record type when the topic carries several (it
+    always may). The key is the record's execution id; the timestamp its event time.
+    """
     from pydantic import ValidationError
 
     from streams.clients import RecordProducer
@@ -246,8 +261,11 @@ def ticker(
     bootstrap: BootstrapOpt = None,
     registry: RegistryOpt = None,
 ) -> None:
-    """Write clock ticks into every partition of every input topic: wall-clock time enters the
-    log as data, so quiet partitions still time out and replays see the same time."""
+    """Write clock ticks into every partition of every input topic.
+
+    Wall-clock time enters the log as data, so quiet partitions still time out and replays
+    see the same time.
+    """
     from streams.durations import parse_duration
     from streams.ticker import run_ticker
 
@@ -262,10 +280,13 @@ def demo(
         bool, typer.Option(help="Leave the local broker and registry running.")
     ] = False,
 ) -> None:
-    """The main job on the bundled scenario, live: starts the local broker and registry (unless
-    KAFKA_BOOTSTRAP_SERVERS is set), creates topics, runs a worker, plays the reference audit,
-    a connector timeout reconciled later, a forbidden retry and a normal execution, and shows
-    verdicts, work items and alerts as they arrive. Ctrl-C stops all it started."""
+    """Run the main job on the bundled scenario, live.
+
+    Starts the local broker and registry (unless KAFKA_BOOTSTRAP_SERVERS is set), creates
+    topics, runs a worker, plays the reference audit, a connector timeout reconciled later, a
+    forbidden retry and a normal execution, and shows verdicts, work items and alerts as they
+    arrive. Ctrl-C stops all it started.
+    """
     from streams.demo import run_demo
 
     raise typer.Exit(run_demo(pace=pace, keep=keep, console=out))

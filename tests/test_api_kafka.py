@@ -178,3 +178,27 @@ def test_sse_keepalive_and_bearer_token(cluster, tmp_path: Path) -> None:
         assert any(e.get("comment") == ": keep-alive" for e in events)
         log = w.log_path.read_text()
     assert "s3cret" not in log
+
+
+def test_status_and_watch_commands(running) -> None:
+    from typer.testing import CliRunner
+
+    from streams.cli import _mount_optional
+    from streams.cli import app as cli
+
+    _mount_optional()
+    _, base = running
+    runner = CliRunner(env={"COLUMNS": "220"})
+    res = runner.invoke(cli, ["status", "exec-refund", "--url", base])
+    assert res.exit_code == 0, res.output
+    assert "op-refund-1" in res.output and "UNKNOWN" in res.output
+    res = runner.invoke(cli, ["status", "exec-refund", "--url", base, "--json"])
+    assert res.exit_code == 0
+    import json
+
+    assert json.loads(res.stdout)["operations"][0]["retry"] == "FORBIDDEN"
+    res = runner.invoke(cli, ["status", "nobody", "--url", base])
+    assert res.exit_code == 1
+    res = runner.invoke(cli, ["watch", "exec-invoice-run", "--url", base])
+    assert res.exit_code == 0, res.output
+    assert "COMPLETED" in res.output and "op-email-1" in res.output
