@@ -25,7 +25,7 @@ from streams.clients import record_time_ms
 from streams.core import approvals as ap
 from streams.core import executions as ex
 from streams.core import operations as ops
-from streams.core.alerts import verdict_alerts
+from streams.core.alerts import anomaly_alert, verdict_alerts
 from streams.core.clock import PartitionClock
 from streams.core.findings import AnomalyFinding
 from streams.core.ids import deterministic_id
@@ -133,6 +133,13 @@ class Processor:
 
     # -- entry point ----------------------------------------------------------------------
     def handle(self, env: Envelope) -> list[Emission]:
+        out = self._handle(env)
+        for em in list(out):
+            if isinstance(em.record, Anomaly):
+                out.append(self._emit(anomaly_alert(em.record)))
+        return out
+
+    def _handle(self, env: Envelope) -> list[Emission]:
         if not env.ok:
             return [self._dead_letter(env)]
         record = env.record

@@ -149,7 +149,8 @@ def test_key_mismatch_and_garbage(proc: Processor) -> None:
         occurred_at=T0,
     )
     out = handle(proc, rec, key="ex-2")
-    assert [type(r) for r in out] == [Anomaly] and out[0].kind == AnomalyKind.KEY_MISMATCH
+    assert [type(r) for r in out] == [Anomaly, Alert] and out[0].kind == AnomalyKind.KEY_MISMATCH
+    assert out[1].kind == "ANOMALY" and out[1].owner == "OPERATOR"
     bad = Envelope(TOPICS.execution_status.name, 0, 99, 1000, b"k", b"\x01xx", None, "boom")
     (dl,) = [e.record for e in proc.handle(bad)]
     assert isinstance(dl, DeadLetter) and dl.original_value == b"\x01xx" and dl.reason == "boom"

@@ -9,8 +9,8 @@ verdict record that caused it, so a replay gives the same alerts.
 from __future__ import annotations
 
 from streams.core.ids import deterministic_id
-from streams.models.enums import AlertKind, AlertStatus, ApprovalVerdictCode, Severity
-from streams.models.outputs import Alert, ApprovalVerdict
+from streams.models.enums import AlertKind, AlertStatus, ApprovalVerdictCode, Owner, Severity
+from streams.models.outputs import Alert, Anomaly, ApprovalVerdict
 
 V = ApprovalVerdictCode
 ACTIONABLE: dict[ApprovalVerdictCode, Severity] = {
@@ -69,3 +69,25 @@ def verdict_alerts(record: ApprovalVerdict, previous_verdict_id: str | None) -> 
             )
         )
     return tuple(alerts)
+
+
+def anomaly_alert(anomaly: Anomaly) -> Alert:
+    """An anomaly is an input that was not applied: somebody's producer is wrong, or an agent
+    acted after it finished. The operator decides; nothing is retried or repaired."""
+    return Alert(
+        alert_id=deterministic_id("alert", AlertKind.ANOMALY, anomaly.anomaly_id),
+        kind=AlertKind.ANOMALY,
+        status=AlertStatus.FIRING,
+        severity=Severity.WARNING,
+        execution_id=anomaly.execution_id or "",
+        subject_id=anomaly.event_id or anomaly.anomaly_id,
+        verdict=str(anomaly.kind),
+        owner=Owner.OPERATOR,
+        next_step="inspect the producer of this event; it was reported, not applied",
+        evidence=(
+            str(anomaly.kind),
+            anomaly.reason,
+            f"{anomaly.source_topic}/{anomaly.source_partition}@{anomaly.source_offset}",
+        ),
+        occurred_at=anomaly.detected_at,
+    )
