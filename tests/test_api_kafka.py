@@ -202,3 +202,44 @@ def test_status_and_watch_commands(running) -> None:
     res = runner.invoke(cli, ["watch", "exec-invoice-run", "--url", base])
     assert res.exit_code == 0, res.output
     assert "COMPLETED" in res.output and "op-email-1" in res.output
+
+
+def test_two_workers_redirect_to_the_owner(cluster, tmp_path: Path) -> None:
+    import time
+
+    dep = deployment(cluster, tmp_path, partitions=4)
+    ids = [f"multi-{i}" for i in range(12)]
+    play(
+        dep,
+        [
+            ExecutionStatusChanged(
+                event_id=f"{x}-1",
+                execution_id=x,
+                sequence=1,
+                status=ExecutionStatus.RUNNING,
+                occurred_at=T0,
+            )
+            for x in ids
+        ],
+    )
+    with worker(dep) as a, worker(dep) as b:
+        bases = [f"http://127.0.0.1:{w.web_port}" for w in (a, b)]
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            codes = {
+                (base, x): httpx.get(f"{base}/v1/executions/{x}", timeout=10).status_code
+                for base in bases
+                for x in ids
+            }
+            # settled: every id is served by exactly one worker and redirected by the other
+            if all(sorted(codes[(base, x)] for base in bases) == [200, 307] for x in ids):
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError(f"workers never settled: {codes}")
+        for x in ids:
+            for base in bases:
+                r = httpx.get(f"{base}/v1/executions/{x}", timeout=10, follow_redirects=True)
+                assert r.status_code == 200 and r.json()["execution_id"] == x
+        served = {base: sum(codes[(base, x)] == 200 for x in ids) for base in bases}
+        assert all(n > 0 for n in served.values()), served
