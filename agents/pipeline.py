@@ -88,10 +88,16 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
 
     @app.agent(source, name="vigil-pipeline", concurrency=1)
     async def pipeline(stream: faust.StreamT) -> None:
-        async for event in stream.events():
-            emissions = processor.handle(event.value)
+        # Manual acknowledgement: an event held until the watermark passes its time is not
+        # acknowledged, so its offset is not committed, and after a crash or a rebalance
+        # Kafka delivers it again. Acknowledged only once processed and its outputs are in
+        # the producer (Faust flushes the producer before it commits).
+        async for event in stream.noack().events():
+            emissions = processor.handle(event.value, token=event)
             for em in emissions:
                 await send(em)
+            for done in processor.drain_done():
+                done.ack()
             if emissions:
                 feed.publish(em.record for em in emissions)
                 ts = event.message.timestamp

@@ -55,6 +55,9 @@ def create_app(settings: Settings, codec: AvroCodec | None = None) -> faust.App:
         autodiscover=False,
         table_cleanup_interval=60.0,
         producer_acks=-1,
+        # Events held for the watermark are unacknowledged on purpose; on a rebalance they are
+        # dropped from memory and redelivered to the new owner, so there is nothing to wait for.
+        stream_wait_empty=False,
         # Faust's own views expose table data and cluster topology without authentication.
         web_tables_enabled=False,
         web_router_enabled=False,

@@ -110,6 +110,12 @@ class Processor:
         # harmless (advancing a book is idempotent); rebuilt from the tables on first use.
         self.due: dict[int, list[tuple[int, str]]] = {}
         self.dirty: dict[int, set[str]] = {}
+        # Events waiting for the watermark to pass their time, per partition: a heap of
+        # (event time ms, topic rank, offset, seq, envelope, token).
+        self.pending: dict[int, list[tuple[int, int, int, int, Envelope, Any]]] = {}
+        self._seq = 0
+        self._done: list[Any] = []
+        self._rank = {name: i for i, name in enumerate(self.input_names)}
         self.counters = Counters()
         self._out = {
             ExecutionState: topics.execution_state.name,
@@ -130,37 +136,73 @@ class Processor:
         self.clocks.clear()
         self.due.clear()
         self.dirty.clear()
+        # Held events were never acknowledged: Kafka redelivers them to the new owner.
+        self.pending.clear()
 
     # -- entry point ----------------------------------------------------------------------
-    def handle(self, env: Envelope) -> list[Emission]:
-        out = self._handle(env)
+    def handle(self, env: Envelope, token: Any = None) -> list[Emission]:
+        """Take one input record; return what to publish now.
+
+        ``token`` (the Faust event, live) comes back from ``drain_done`` once the record is
+        fully processed: only then may its offset be committed. An event is held until the
+        partition's watermark passes its time, then processed in event-time order together
+        with the deadlines that fall between events, so that the outputs do not depend on how
+        the input topics interleave nor on where the ticks fall.
+        """
+        out = self._handle(env, token)
         for em in list(out):
             if isinstance(em.record, Anomaly):
                 out.append(self._emit(anomaly_alert(em.record)))
         return out
 
-    def _handle(self, env: Envelope) -> list[Emission]:
+    def drain_done(self) -> list[Any]:
+        """Tokens of the records processed since the last call (to acknowledge)."""
+        done, self._done = self._done, []
+        return done
+
+    def held(self) -> int:
+        return sum(len(h) for h in self.pending.values())
+
+    def _handle(self, env: Envelope, token: Any) -> list[Emission]:
+        out: list[Emission] = []
         if not env.ok:
+            self._done.append(token)
             return [self._dead_letter(env)]
         record = env.record
         assert record is not None
         self.counters.inputs[record.avro_name] += 1
-        out: list[Emission] = []
         if isinstance(record, ev.ClockTick):
+            self._done.append(token)
             self._observe(env, record.occurred_at, out)
             return out
         refusal = self._check(env, record)
         if refusal is not None:
+            self._done.append(token)
             out.append(self._anomaly(env, record, refusal))
             return out
+        t: datetime = record.occurred_at  # type: ignore[attr-defined]
+        clock = self.clocks.get(env.partition)
+        if clock is not None and clock.is_late(t):
+            # Behind the watermark: its time has been judged already. Applied at once (it is
+            # still a fact); its effect shows from the next evaluated instant.
+            self._apply(env, record, out)
+            self._done.append(token)
+        else:
+            self._seq += 1
+            heapq.heappush(
+                self.pending.setdefault(env.partition, []),
+                (_ms(t), self._rank.get(env.topic, 0), env.offset, self._seq, env, token),
+            )
+        self._observe(env, t, out)
+        return out
+
+    def _apply(self, env: Envelope, record: Record, out: list[Emission]) -> None:
         if isinstance(record, ev.ExecutionStatusChanged):
             self._on_status(env, record, out)
         elif isinstance(record, ev.OperationEvent):
             self._on_operation(env, record, out)
         else:
             self._on_approval_fact(env, record, out)
-        self._observe(env, record.occurred_at, out)  # type: ignore[attr-defined]
-        return out
 
     # -- validation the core cannot do (it does not know keys or stream time) --------------
     def _check(self, env: Envelope, record: Record) -> AnomalyFinding | None:
@@ -275,7 +317,7 @@ class Processor:
         book = self._load_approvals(execution_id) or ap.ApprovalBook(execution_id=execution_id)
         book = ap.add_fact(book, record)  # type: ignore[arg-type]
         self.stores.approvals[execution_id] = book.model_dump_json()
-        self.dirty.setdefault(env.partition, set()).add(execution_id)
+        self._schedule(execution_id, record.occurred_at)  # type: ignore[attr-defined]
 
     def _advance_approvals(
         self, execution_id: str, horizon: datetime, out: list[Emission]
@@ -302,9 +344,8 @@ class Processor:
 
     # -- timers ---------------------------------------------------------------------------
     def _schedule(self, execution_id: str, due: datetime) -> None:
-        partition = self.partition_of(execution_id)
-        if partition in self.due:
-            heapq.heappush(self.due[partition], (_ms(due), execution_id))
+        heap = self._ensure_index(self.partition_of(execution_id))
+        heapq.heappush(heap, (_ms(due), execution_id))
 
     def _ensure_index(self, partition: int) -> list[tuple[int, str]]:
         heap = self.due.get(partition)
@@ -345,15 +386,32 @@ class Processor:
             self._on_watermark(env.partition, after, out)
 
     def _on_watermark(self, partition: int, watermark: datetime, out: list[Emission]) -> None:
-        """Take every decision due strictly before the watermark, key by key in id order."""
-        horizon = watermark - ONE_MS
+        """Process, in time order, every held event and every deadline strictly before the
+        watermark. At equal times events go first: an answer stamped at its deadline is in
+        time. Keys whose facts changed before a restart are judged first."""
+        limit = _ms(watermark) - 1
         heap = self._ensure_index(partition)
-        keys = self.dirty.pop(partition, set())
-        limit = _ms(horizon)
-        while heap and heap[0][0] <= limit:
-            keys.add(heapq.heappop(heap)[1])
-        for key in sorted(keys):
-            self._advance_key(key, horizon, out)
+        for key in sorted(self.dirty.pop(partition, set())):
+            self._advance_key(key, watermark - ONE_MS, out)
+        pending = self.pending.get(partition, [])
+        while True:
+            next_event = pending[0][0] if pending and pending[0][0] <= limit else None
+            next_due = heap[0][0] if heap and heap[0][0] <= limit else None
+            if next_event is None and next_due is None:
+                return
+            if next_event is not None and (next_due is None or next_event <= next_due):
+                _, _, _, _, env, token = heapq.heappop(pending)
+                assert env.record is not None
+                self._apply(env, env.record, out)
+                self._done.append(token)
+                continue
+            assert next_due is not None
+            keys = set()
+            while heap and heap[0][0] == next_due:
+                keys.add(heapq.heappop(heap)[1])
+            at = datetime.fromtimestamp(next_due / 1000, UTC)
+            for key in sorted(keys):
+                self._advance_key(key, at, out)
 
     def _advance_key(self, execution_id: str, horizon: datetime, out: list[Emission]) -> None:
         changed_at: datetime | None = None

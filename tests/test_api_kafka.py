@@ -128,14 +128,18 @@ def test_sse_follows_an_execution_and_resumes_with_last_event_id(running) -> Non
             occurred_at=T0 + timedelta(minutes=40 + seq),
         )
 
-    play(dep, [status(1, ExecutionStatus.RUNNING), Tick(T0 + timedelta(minutes=41))])
+    play(dep, [status(1, ExecutionStatus.RUNNING), Tick(T0 + timedelta(minutes=41, seconds=1))])
     first = _sse(base, f"/v1/executions/{ex}/stream", until=lambda es: len(es) >= 1)
     assert first[0]["event"] == "ExecutionState" and first[0]["id"].startswith("exec-")
 
     def later() -> None:
         play(
             dep,
-            [status(2, ExecutionStatus.VALIDATING_OUTPUT), status(3, ExecutionStatus.COMPLETED)],
+            [
+                status(2, ExecutionStatus.VALIDATING_OUTPUT),
+                status(3, ExecutionStatus.COMPLETED),
+                Tick(T0 + timedelta(minutes=44)),
+            ],
         )
 
     threading.Timer(1.0, later).start()
@@ -158,7 +162,8 @@ def test_sse_keepalive_and_bearer_token(cluster, tmp_path: Path) -> None:
                 sequence=1,
                 status=ExecutionStatus.RUNNING,
                 occurred_at=T0,
-            )
+            ),
+            Tick(T0 + timedelta(seconds=1)),
         ],
     )
     env = {"VIGIL_API_TOKEN": "s3cret", "VIGIL_SSE_KEEPALIVE": "0.5"}
@@ -220,7 +225,8 @@ def test_two_workers_redirect_to_the_owner(cluster, tmp_path: Path) -> None:
                 occurred_at=T0,
             )
             for x in ids
-        ],
+        ]
+        + [Tick(T0 + timedelta(seconds=1))],
     )
     with worker(dep) as a, worker(dep) as b:
         bases = [f"http://127.0.0.1:{w.web_port}" for w in (a, b)]

@@ -1,0 +1,63 @@
+"""Container health probe for the vigil image (``HEALTHCHECK`` in docker/Dockerfile).
+
+``vigil worker`` serves HTTP on ``VIGIL_WEB_PORT``: the probe asks for Faust's index ``/``
+(``{"status": "OK"}``, no token needed) and is healthy on any HTTP answer below 500. The web
+server starts before partitions are assigned, so this is a liveness signal, not "caught up".
+The other commands (``ticker``, ``topics create``...) serve nothing: when the container's main
+command is not ``worker`` the probe reports healthy.
+
+Exit 0: healthy, 1: unhealthy (Docker's convention). Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import urllib.error
+import urllib.request
+
+WILDCARDS = {"", "0.0.0.0", "::", "[::]"}
+
+
+def main_command(cmdline_path: str = "/proc/1/cmdline") -> list[str]:
+    """The argv of the container's PID 1 (``vigil worker``, or ``docker-init -- vigil worker``)."""
+    try:
+        with open(cmdline_path, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def probe_url() -> str:
+    host = os.environ.get("VIGIL_WEB_HOST", "").strip()
+    host = "127.0.0.1" if host in WILDCARDS else host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    port = os.environ.get("VIGIL_WEB_PORT", "").strip() or "6066"
+    return f"http://{host}:{port}/"
+
+
+def check(url: str, timeout: float = 3.0) -> tuple[bool, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status < 500, f"HTTP {resp.status}"
+    except urllib.error.HTTPError as exc:
+        return exc.code < 500, f"HTTP {exc.code}"
+    except (OSError, ValueError) as exc:
+        return False, str(exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = main_command() if argv is None else argv
+    if "worker" not in argv:
+        return 0
+    url = probe_url()
+    healthy, detail = check(url)
+    if not healthy:
+        print(f"vigil worker not healthy at {url}: {detail}", file=sys.stderr)
+    return 0 if healthy else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
