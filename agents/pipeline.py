@@ -61,6 +61,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         thresholds=policies.thresholds,
         policies=policies.approval_policies,
         closed_retention=settings.closed_retention,
+        orphan_after=settings.orphan_after,
     )
     sinks = {
         spec.name: app.topic(

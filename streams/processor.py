@@ -96,6 +96,7 @@ class Processor:
         thresholds: ap.ThresholdSet | None = None,
         policies: dict[str, ap.ThresholdOverrides] | None = None,
         closed_retention: timedelta = timedelta(hours=24),
+        orphan_after: timedelta = timedelta(hours=1),
     ) -> None:
         self.topics = topics
         self.stores = stores
@@ -105,6 +106,7 @@ class Processor:
         self.operation_config = operation_config or ops.OperationConfig()
         self.thresholds_for = ap.threshold_resolver(policies, thresholds)
         self.closed_retention = closed_retention
+        self.orphan_after = orphan_after
         self.clocks: dict[int, PartitionClock] = {}
         # Due-time index per partition: a heap of (due ms, execution id). Stale entries are
         # harmless (advancing a book is idempotent); rebuilt from the tables on first use.
@@ -214,6 +216,13 @@ class Processor:
                 f"Kafka key {key!r} differs from execution_id {execution_id!r}: the record may "
                 "sit in the wrong partition, away from the rest of its execution",
             )
+        for field_name in ("decision", "outcome"):
+            if getattr(record, field_name, None) == "UNRECOGNIZED":
+                return AnomalyFinding(
+                    AnomalyKind.UNRECOGNIZED_SYMBOL,
+                    f"{record.avro_name}.{field_name} has a symbol this version does not know;"
+                    " not applied (a decision vigil cannot read is not a decision)",
+                )
         t: datetime = record.occurred_at  # type: ignore[attr-defined]
         if t < EARLIEST_PLAUSIBLE:
             return AnomalyFinding(
@@ -221,6 +230,11 @@ class Processor:
             )
         clock = self.clocks.get(env.partition)
         newest = clock.stream_time if clock else None
+        if newest is None:
+            # A partition's first record: judge it against the other partitions' time.
+            newest = max(
+                (c.stream_time for c in self.clocks.values() if c.stream_time), default=None
+            )
         if newest is not None and t > newest + self.max_future_skew:
             return AnomalyFinding(
                 AnomalyKind.TIME_OUT_OF_RANGE,
@@ -330,16 +344,22 @@ class Processor:
             for rid, lv in book.last_verdicts.items()
         }
         new_book, verdicts = ap.advance(book, horizon, self.thresholds_for)
+        new_book, orphans = ap.take_orphans(new_book, horizon - self.orphan_after)
         new_book = ap.purge_closed(new_book, horizon - self.closed_retention)
         for v in verdicts:
             out.append(self._emit(v))
             out.extend(self._emit(a) for a in verdict_alerts(v, previous_ids.get(v.request_id)))
             previous_ids[v.request_id] = v.verdict_id
+        for request_id, last_fact in orphans:
+            out.append(self._orphan(execution_id, request_id, last_fact))
         if new_book != book:
             self.stores.approvals[execution_id] = new_book.model_dump_json()
-        due = ap.next_change(new_book, self.thresholds_for)
-        if due is not None:
-            self._schedule(execution_id, due)
+        change = ap.next_change(new_book, self.thresholds_for)
+        if change is not None:
+            self._schedule(execution_id, change)
+        orphaned = ap.orphan_deadline(new_book, self.orphan_after)
+        if orphaned is not None:  # take_orphans needs the horizon strictly past it
+            self._schedule(execution_id, orphaned + ONE_MS)
         return max((v.evaluated_at for v in verdicts), default=None)
 
     # -- timers ---------------------------------------------------------------------------
@@ -444,6 +464,10 @@ class Processor:
         # The offending event's own time, not the stream time when it was read: that depends
         # on how topics interleave, and a replay must give the very same record.
         detected = occurred or _ts(env)
+        if finding.kind == AnomalyKind.TIME_OUT_OF_RANGE or detected < EARLIEST_PLAUSIBLE:
+            # the event's own time is the fault: stamp with the record's log timestamp, which
+            # the broker accepted (it refuses timestamps far in the future)
+            detected = _ts(env)
         return self._emit(
             Anomaly(
                 anomaly_id=deterministic_id(
@@ -459,6 +483,31 @@ class Processor:
                 source_offset=env.offset,
                 occurred_at=occurred,
                 detected_at=detected,
+            )
+        )
+
+    def _orphan(self, execution_id: str, request_id: str, last_fact: datetime) -> Emission:
+        """Facts about a request that never came: reported once, after ``orphan_after``."""
+        kind = AnomalyKind.ORPHAN_FACT
+        self.counters.anomalies[kind] += 1
+        at = last_fact + self.orphan_after
+        return self._emit(
+            Anomaly(
+                anomaly_id=deterministic_id("anomaly", execution_id, request_id, kind, at),
+                kind=kind,
+                reason=(
+                    f"facts (delivery, decision, acknowledgement or receipt) for approval request"
+                    f" {request_id!r} arrived but the request itself did not come within "
+                    f"{self.orphan_after} of the last of them; they are dropped"
+                ),
+                execution_id=execution_id,
+                event_id=request_id,
+                event_type="ApprovalRequested",
+                source_topic=self.topics.approval_events.name,
+                source_partition=self.partition_of(execution_id),
+                source_offset=-1,
+                occurred_at=last_fact,
+                detected_at=at,
             )
         )
 

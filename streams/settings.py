@@ -69,6 +69,9 @@ class Settings:
     #: VIGIL_POLICIES_FILE — JSON with per-action approval thresholds and per-connector
     #: deadlines (see streams/policies.py).
     policies_file: str | None = None
+    #: VIGIL_ORPHAN_AFTER — facts for an approval request that has not arrived this long after
+    #: them are reported as ORPHAN_FACT anomalies and dropped.
+    orphan_after: timedelta = timedelta(hours=1)
     #: VIGIL_MAX_FUTURE_SKEW — events further ahead of their partition's stream time are
     #: anomalies (a producer clock gone wrong must not drag stream time forward).
     max_future_skew: timedelta = timedelta(hours=1)
@@ -108,6 +111,7 @@ class Settings:
             reply_timeout=parse_duration(_env("VIGIL_REPLY_TIMEOUT", "30s")),  # type: ignore[arg-type]
             verify_timeout=parse_duration(_env("VIGIL_VERIFY_TIMEOUT", "5m")),  # type: ignore[arg-type]
             policies_file=_env("VIGIL_POLICIES_FILE"),
+            orphan_after=parse_duration(_env("VIGIL_ORPHAN_AFTER", "1h")),  # type: ignore[arg-type]
             max_future_skew=parse_duration(_env("VIGIL_MAX_FUTURE_SKEW", "1h")),  # type: ignore[arg-type]
             api_token=_env("VIGIL_API_TOKEN"),
             sse_keepalive=float(_env("VIGIL_SSE_KEEPALIVE", "15")),  # type: ignore[arg-type]

@@ -167,3 +167,55 @@ def test_restart_rebuilds_timer_index_from_tables() -> None:
     second = Processor(TOPICS, stores)  # a restart: same tables, nothing in memory
     fired = ticks(second, T0 + timedelta(seconds=31))
     assert len([r for r in fired if isinstance(r, ReconciliationWorkItem)]) == 1
+
+
+def test_decision_for_a_request_that_never_comes_is_an_orphan_anomaly(proc: Processor) -> None:
+    from streams.models.enums import DecisionCode
+    from streams.models.events import ApprovalDecision
+
+    d = ApprovalDecision(
+        event_id="d1",
+        execution_id="ex-9",
+        request_id="req-never",
+        occurred_at=T0,
+        decision=DecisionCode.ACCEPT,
+    )
+    assert [r for r in handle(proc, d) if isinstance(r, Anomaly)] == []
+    assert [r for r in ticks(proc, T0 + timedelta(minutes=59)) if isinstance(r, Anomaly)] == []
+    out = ticks(proc, T0 + timedelta(hours=1, seconds=1))
+    (orphan,) = [r for r in out if isinstance(r, Anomaly)]
+    assert orphan.kind == AnomalyKind.ORPHAN_FACT and orphan.event_id == "req-never"
+    assert any(isinstance(r, Alert) and r.kind == "ANOMALY" for r in out)
+    assert ticks(proc, T0 + timedelta(hours=3)) == []  # reported once
+
+
+def test_unreadable_decision_code_is_an_anomaly(proc: Processor) -> None:
+    from streams.models.enums import DecisionCode
+    from streams.models.events import ApprovalDecision
+
+    d = ApprovalDecision(
+        event_id="d1",
+        execution_id="ex-9",
+        request_id="r",
+        occurred_at=T0,
+        decision=DecisionCode.UNRECOGNIZED,
+    )
+    (anomaly,) = [r for r in handle(proc, d) if isinstance(r, Anomaly)]
+    assert anomaly.kind == AnomalyKind.UNRECOGNIZED_SYMBOL
+
+
+def test_far_future_first_record_of_a_partition_is_refused(proc: Processor) -> None:
+    ticks(proc, T0)
+    far = ExecutionStatusChanged(
+        event_id="f",
+        execution_id="ex-far",
+        sequence=1,
+        status=ExecutionStatus.CREATED,
+        occurred_at=T0 + timedelta(days=3650),
+    )
+    proc.clocks.pop(partition_of("ex-far", 3))  # as if the partition were new to this worker
+    e = env(far)
+    e = Envelope(e.topic, e.partition, e.offset, int(T0.timestamp() * 1000), e.key, b"", far, None)
+    (anomaly, _alert) = [x.record for x in proc.handle(e)]
+    assert anomaly.kind == AnomalyKind.TIME_OUT_OF_RANGE
+    assert anomaly.detected_at == T0  # stamped with the record's own timestamp

@@ -1040,3 +1040,39 @@ def purge_closed(book: ApprovalBook, before: datetime) -> ApprovalBook:
             }
         )
     )
+
+
+def take_orphans(
+    book: ApprovalBook, before: datetime
+) -> tuple[ApprovalBook, tuple[tuple[str, datetime], ...]]:
+    """Facts held for a request that has not come by ``before`` (their latest fact is older):
+    removed from the book and returned as ``(request_id, latest fact time)``, so the shell can
+    report them as ORPHAN_FACT anomalies instead of keeping them, or dropping them, silently.
+    """
+    orphans: list[tuple[str, datetime]] = []
+    for rid, facts in sorted(book.requests.items()):
+        if facts.request is None:
+            times = [t for t in _held_times(facts) if t is not None]
+            if times and max(times) < before:
+                orphans.append((rid, max(times)))
+    if not orphans:
+        return book, ()
+    gone = {rid for rid, _ in orphans}
+    kept = book.model_copy(
+        update={
+            "requests": {r: f for r, f in book.requests.items() if r not in gone},
+            "last_verdicts": {r: v for r, v in book.last_verdicts.items() if r not in gone},
+            "dirty": tuple(r for r in book.dirty if r not in gone),
+        }
+    )
+    return _prune(kept), tuple(orphans)
+
+
+def orphan_deadline(book: ApprovalBook, window: timedelta) -> datetime | None:
+    """When the earliest held fact without its request becomes an orphan."""
+    times = [
+        max(t for t in _held_times(f) if t is not None) + window
+        for f in book.requests.values()
+        if f.request is None and any(t is not None for t in _held_times(f))
+    ]
+    return min(times, default=None)
