@@ -20,20 +20,9 @@ from streams.settings import Settings
 
 
 def record_time_ms(record: Record) -> int | None:
-    for attr in (
-        "occurred_at",
-        "evaluated_at",
-        "created_at",
-        "resolved_at",
-        "last_event_at",
-        "since",
-        "detected_at",
-        "source_timestamp",
-    ):
-        value = getattr(record, attr, None)
-        if value is not None:
-            return int(value.timestamp() * 1000)
-    return None
+    """The Kafka timestamp of a record: its event time (see ``Record.time_field``)."""
+    value = getattr(record, record.time_field, None) if record.time_field else None
+    return int(value.timestamp() * 1000) if value is not None else None
 
 
 class RecordProducer:

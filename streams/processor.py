@@ -91,7 +91,7 @@ class Processor:
         topics: Topics,
         stores: Stores,
         *,
-        max_future_skew: timedelta = timedelta(hours=1),
+        max_future_skew: timedelta = timedelta(minutes=10),
         operation_config: ops.OperationConfig | None = None,
         thresholds: ap.ThresholdSet | None = None,
         policies: dict[str, ap.ThresholdOverrides] | None = None,
@@ -501,7 +501,6 @@ class Processor:
                     f"{self.orphan_after} of the last of them; they are dropped"
                 ),
                 execution_id=execution_id,
-                event_id=request_id,
                 event_type="ApprovalRequested",
                 source_topic=self.topics.approval_events.name,
                 source_partition=self.partition_of(execution_id),

@@ -221,6 +221,12 @@ class Live:
             )
 
     def flush(self) -> None:
+        """Deliver what was sent, then move every partition's stream time past it: the worker
+        releases events once every input of their partition has passed their time (after
+        this, the test's later events are behind the watermark and are applied at once)."""
+        assert self.raw.flush(30) == 0
+        for partition in range(self.dep.settings.partitions):
+            self.tick(partition, T0 + timedelta(hours=1))
         assert self.raw.flush(30) == 0
 
     def encode_as(self, schema: dict[str, Any], topic: str, value: dict[str, Any]) -> bytes:
@@ -526,13 +532,6 @@ def test_inconsistent_record_is_an_anomaly_and_not_applied(
         assert [o.status for o in ops] == [OperationStatus.PREPARED]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the TIME_OUT_OF_RANGE anomaly is stamped with the offending occurred_at "
-    "(record_time_ms picks occurred_at first), the broker refuses a record timestamp more "
-    "than log.message.timestamp.after.max.ms (1 h on Kafka 4) ahead, and the worker only logs "
-    "'_on_published error ... InvalidTimestampError': the anomaly is lost",
-)
 def test_event_far_in_the_future_is_an_anomaly(live: Live) -> None:
     ex = key_in("future", FUTURE)
     # a producer with a broken clock: the record timestamp is now, occurred_at ten years on
@@ -548,14 +547,6 @@ def test_event_far_in_the_future_is_an_anomaly(live: Live) -> None:
     assert "ahead of the partition's stream time" in found[0].reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Processor._check skips the future check when the partition has no stream "
-    "time yet (first record of a partition, and after every restart or rebalance, since "
-    "forget_partitions clears the clocks): an event ten years ahead is applied, pins the "
-    "partition's stream time (and the execution's last_event_at) in the future, and every "
-    "later state of that execution is stamped there and refused by the broker",
-)
 def test_far_future_event_first_on_a_partition_is_not_applied(live: Live) -> None:
     ex = key_in("future-first", FRESH)
     live.send(status(ex, 1, ExecutionStatus.CREATED, FAR_FUTURE), FRESH, timestamp_ms=now_ms())
@@ -569,12 +560,6 @@ def test_far_future_event_first_on_a_partition_is_not_applied(live: Live) -> Non
     assert [(s.last_sequence, s.first_seen_at) for s in live.outputs.states_of(ex)] == [(2, T0)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (code vs topology.md 'Bad input'): an ApprovalDecision whose decision decodes "
-    "to UNRECOGNIZED is added to the approval book by Processor._on_approval_fact without any "
-    "check; no anomaly is published (the verdict may not even change)",
-)
 def test_decision_with_unknown_symbol_is_an_anomaly(live: Live) -> None:
     ex = key_in("defer", DECISION)
     ae = live.topic_of(ApprovalDecision)
@@ -606,13 +591,6 @@ def test_decision_with_unknown_symbol_is_an_anomaly(live: Live) -> None:
     assert [a.kind for a in found] == [AnomalyKind.UNRECOGNIZED_SYMBOL]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a decision whose request never comes is held in the approvals table "
-    "(core.approvals.add_fact) and never surfaces: advance() skips requests without a "
-    "request, next_change() schedules nothing for them, and purge_closed() drops them "
-    "silently (only if the book is advanced again) — AnomalyKind.ORPHAN_FACT is never emitted",
-)
 def test_decision_for_a_request_that_never_comes_is_an_anomaly(live: Live) -> None:
     ex = key_in("orphan", ORPHAN)
     live.send(
@@ -633,7 +611,9 @@ def test_decision_for_a_request_that_never_comes_is_an_anomaly(live: Live) -> No
     live.flush()
     live.wait_state(ok, last_sequence=1)
     live.outputs.settle()
-    assert live.outputs.anomalies_of(f"{ex}-dec"), "the orphaned decision never surfaced"
+    found = [a for a in live.outputs.records(Anomaly) if a.execution_id == ex]
+    assert [a.kind for a in found] == [AnomalyKind.ORPHAN_FACT], "the orphan never surfaced"
+    assert f"{ex}-never" in found[0].reason
 
 
 # -- burst ----------------------------------------------------------------------------------
@@ -773,7 +753,7 @@ def test_incompatible_version_is_refused_before_it_reaches_the_topic(
     with pytest.raises(SchemaRegistryError) as refused:
         live.send_bytes(oe, EVOLVE, ex.encode(), live.encode_as(schema, oe, value))
     assert refused.value.http_status_code == 409
-    live.flush()
+    assert live.raw.flush(30) == 0
     assert live.registry.get_versions(subject) == versions
     assert _end_offsets(live, oe) == (low, high)
 

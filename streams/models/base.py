@@ -35,6 +35,8 @@ class Record(BaseModel):
     avro_name: ClassVar[str]
     #: Field whose value is the Kafka key (``None``: unkeyed, like clock ticks).
     key_field: ClassVar[str | None] = "execution_id"
+    #: Field whose value is the Kafka record timestamp: event time, never the send time.
+    time_field: ClassVar[str | None] = "occurred_at"
 
     @field_validator("*", mode="after")
     @classmethod

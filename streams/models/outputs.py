@@ -24,6 +24,7 @@ from streams.models.enums import (
 
 class ExecutionState(Record):
     avro_name = "ExecutionState"
+    time_field = "last_event_at"
     execution_id: str
     status: ExecutionStatus
     since: AwareDatetime
@@ -38,6 +39,7 @@ class ExecutionState(Record):
 
 class OperationState(Record):
     avro_name = "OperationState"
+    time_field = "since"
     key_field = "operation_id"
     operation_id: str
     execution_id: str
@@ -57,6 +59,7 @@ class OperationState(Record):
 
 class ReconciliationWorkItem(Record):
     avro_name = "ReconciliationWorkItem"
+    time_field = "created_at"
     key_field = "operation_id"
     work_item_id: str
     operation_id: str
@@ -72,6 +75,7 @@ class ReconciliationWorkItem(Record):
 
 class WorkItemResolution(Record):
     avro_name = "WorkItemResolution"
+    time_field = "resolved_at"
     key_field = "operation_id"
     resolution_id: str
     work_item_id: str
@@ -86,6 +90,7 @@ class WorkItemResolution(Record):
 class ProofFinding(Record):
     # Nested in ApprovalVerdict.avsc: no file, no topic of its own.
     avro_name = "ProofFinding"
+    time_field = None
     key_field = None
     proof: Proof
     state: ProofState
@@ -95,6 +100,7 @@ class ProofFinding(Record):
 class Thresholds(Record):
     # Nested in ApprovalVerdict.avsc: no file, no topic of its own.
     avro_name = "Thresholds"
+    time_field = "evaluated_at"
     key_field = None
     grace_ms: int
     heartbeat_fresh_ms: int
@@ -104,6 +110,7 @@ class Thresholds(Record):
 
 class ApprovalVerdict(Record):
     avro_name = "ApprovalVerdict"
+    time_field = "evaluated_at"
     key_field = "request_id"
     verdict_id: str
     request_id: str
@@ -136,6 +143,7 @@ class Alert(Record):
 
 class Anomaly(Record):
     avro_name = "Anomaly"
+    time_field = "detected_at"
     anomaly_id: str
     kind: AnomalyKind
     reason: str
@@ -151,6 +159,7 @@ class Anomaly(Record):
 
 class DeadLetter(Record):
     avro_name = "DeadLetter"
+    time_field = "source_timestamp"
     key_field = None
     dead_letter_id: str
     source_topic: str
