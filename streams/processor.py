@@ -91,7 +91,7 @@ class Processor:
         topics: Topics,
         stores: Stores,
         *,
-        max_future_skew: timedelta = timedelta(minutes=10),
+        max_future_skew: timedelta = timedelta(hours=1),
         operation_config: ops.OperationConfig | None = None,
         thresholds: ap.ThresholdSet | None = None,
         policies: dict[str, ap.ThresholdOverrides] | None = None,
@@ -229,19 +229,37 @@ class Processor:
                 AnomalyKind.TIME_OUT_OF_RANGE, f"event time {t.isoformat()} is before 1971"
             )
         clock = self.clocks.get(env.partition)
-        newest = clock.stream_time if clock else None
-        if newest is None:
-            # A partition's first record: judge it against the other partitions' time.
-            newest = max(
-                (c.stream_time for c in self.clocks.values() if c.stream_time), default=None
-            )
-        if newest is not None and t > newest + self.max_future_skew:
+        return self._future(t, clock.watermark if clock else None)
+
+    def _future(self, t: datetime, watermark: datetime | None) -> AnomalyFinding | None:
+        """Judged against the watermark, which one producer's broken clock cannot drag along
+        (it is the minimum over the input topics). Before a partition has one, its events are
+        held and judged when it comes (``_on_first_watermark``)."""
+        if watermark is not None and t > watermark + self.max_future_skew:
             return AnomalyFinding(
                 AnomalyKind.TIME_OUT_OF_RANGE,
                 f"event time {t.isoformat()} is more than {self.max_future_skew} ahead of the "
-                f"partition's stream time {newest.isoformat()}",
+                f"partition's stream time {watermark.isoformat()}",
             )
         return None
+
+    def _on_first_watermark(self, partition: int, watermark: datetime, out: list[Emission]) -> None:
+        pending = self.pending.get(partition)
+        if not pending:
+            return
+        keep = []
+        for item in pending:
+            env = item[4]
+            assert env.record is not None
+            finding = self._future(env.record.occurred_at, watermark)  # type: ignore[attr-defined]
+            if finding is None:
+                keep.append(item)
+            else:
+                out.append(self._anomaly(env, env.record, finding))
+                self._done.append(item[5])
+        if len(keep) != len(pending):
+            heapq.heapify(keep)
+            self.pending[partition] = keep
 
     # -- executions -----------------------------------------------------------------------
     def _load_execution(self, execution_id: str) -> ex.Slot:
@@ -402,6 +420,8 @@ class Processor:
         clock = clock.observe(env.topic, t)
         self.clocks[env.partition] = clock
         after = clock.watermark
+        if after is not None and before is None:
+            self._on_first_watermark(env.partition, after, out)
         if after is not None and (before is None or after > before):
             self._on_watermark(env.partition, after, out)
 

@@ -74,7 +74,7 @@ class Settings:
     orphan_after: timedelta = timedelta(hours=1)
     #: VIGIL_MAX_FUTURE_SKEW — events further ahead of their partition's stream time are
     #: anomalies (a producer clock gone wrong must not drag stream time forward).
-    max_future_skew: timedelta = timedelta(minutes=10)
+    max_future_skew: timedelta = timedelta(hours=1)
     #: VIGIL_API_TOKEN — when set, every HTTP endpoint wants "Authorization: Bearer <token>".
     api_token: str | None = field(default=None, repr=False)
     #: VIGIL_SSE_KEEPALIVE — seconds between keep-alive comments on idle SSE streams.
@@ -112,7 +112,7 @@ class Settings:
             verify_timeout=parse_duration(_env("VIGIL_VERIFY_TIMEOUT", "5m")),  # type: ignore[arg-type]
             policies_file=_env("VIGIL_POLICIES_FILE"),
             orphan_after=parse_duration(_env("VIGIL_ORPHAN_AFTER", "1h")),  # type: ignore[arg-type]
-            max_future_skew=parse_duration(_env("VIGIL_MAX_FUTURE_SKEW", "10m")),  # type: ignore[arg-type]
+            max_future_skew=parse_duration(_env("VIGIL_MAX_FUTURE_SKEW", "1h")),  # type: ignore[arg-type]
             api_token=_env("VIGIL_API_TOKEN"),
             sse_keepalive=float(_env("VIGIL_SSE_KEEPALIVE", "15")),  # type: ignore[arg-type]
             security_protocol=_env("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),  # type: ignore[arg-type]

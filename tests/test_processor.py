@@ -205,7 +205,8 @@ def test_unreadable_decision_code_is_an_anomaly(proc: Processor) -> None:
 
 
 def test_far_future_first_record_of_a_partition_is_refused(proc: Processor) -> None:
-    ticks(proc, T0)
+    """Before a partition has a watermark its records are held; when the watermark comes a
+    far-future one is refused, and stamped with its own (acceptable) record timestamp."""
     far = ExecutionStatusChanged(
         event_id="f",
         execution_id="ex-far",
@@ -213,9 +214,19 @@ def test_far_future_first_record_of_a_partition_is_refused(proc: Processor) -> N
         status=ExecutionStatus.CREATED,
         occurred_at=T0 + timedelta(days=3650),
     )
-    proc.clocks.pop(partition_of("ex-far", 3))  # as if the partition were new to this worker
     e = env(far)
     e = Envelope(e.topic, e.partition, e.offset, int(T0.timestamp() * 1000), e.key, b"", far, None)
-    (anomaly, _alert) = [x.record for x in proc.handle(e)]
-    assert anomaly.kind == AnomalyKind.TIME_OUT_OF_RANGE
-    assert anomaly.detected_at == T0  # stamped with the record's own timestamp
+    assert proc.handle(e) == []  # held: no watermark yet
+    out = ticks(proc, T0)
+    anomalies = [r for r in out if isinstance(r, Anomaly)]
+    assert [a.kind for a in anomalies] == [AnomalyKind.TIME_OUT_OF_RANGE]
+    assert anomalies[0].detected_at == T0
+    ok = ExecutionStatusChanged(
+        event_id="ok",
+        execution_id="ex-far",
+        sequence=1,
+        status=ExecutionStatus.CREATED,
+        occurred_at=T0,
+    )
+    states = [r for r in handle(proc, ok) if isinstance(r, ExecutionState)]
+    assert states and states[0].last_event_at == T0  # the far one was not applied
