@@ -52,17 +52,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         operations=_table(app, "operations", n),
         approvals=_table(app, "approvals", n),
     )
-    policies = settings.policies()
-    processor = Processor(
-        topics,
-        stores,
-        max_future_skew=settings.max_future_skew,
-        operation_config=policies.operations,
-        thresholds=policies.thresholds,
-        policies=policies.approval_policies,
-        closed_retention=settings.closed_retention,
-        orphan_after=settings.orphan_after,
-    )
+    processor = Processor.from_settings(settings, topics, stores)
     sinks = {
         spec.name: app.topic(
             spec.name,

@@ -35,6 +35,36 @@ class Envelope:
         return self.record is not None
 
 
+def open_envelope(
+    codec: AvroCodec,
+    allowed: dict[str, tuple[type[Record], ...]],
+    topic: str,
+    partition: int,
+    offset: int,
+    timestamp_ms: int | None,
+    key: bytes | None,
+    value: bytes | None,
+) -> Envelope:
+    """Decode one record into an envelope; never raises. Shared by the worker and replays."""
+    common = dict(
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        timestamp_ms=timestamp_ms,
+        key=key,
+        value=value,
+    )
+    try:
+        record = codec.decode(topic, value, allowed.get(topic))
+    except DecodeError as exc:
+        return Envelope(record=None, error=str(exc), **common)  # type: ignore[arg-type]
+    except Exception as exc:  # never let a decode crash the caller
+        return Envelope(
+            record=None, error=f"decoder failure: {type(exc).__name__}: {exc}", **common
+        )  # type: ignore[arg-type]
+    return Envelope(record=record, error=None, **common)  # type: ignore[arg-type]
+
+
 class SafeAvroSchema(faust.Schema):
     """Decodes Confluent-framed Avro values into ``Envelope``s; keys stay raw bytes."""
 
@@ -48,22 +78,13 @@ class SafeAvroSchema(faust.Schema):
 
     def loads_value(self, app: AppT, message: Message, **_: Any) -> Any:
         ts = message.timestamp
-        common = dict(
-            topic=message.topic,
-            partition=message.partition,
-            offset=message.offset,
-            timestamp_ms=int(ts * 1000) if ts else None,
-            key=message.key,
-            value=message.value,
+        return open_envelope(
+            self.codec,
+            self.allowed,
+            message.topic,
+            message.partition,
+            message.offset,
+            int(ts * 1000) if ts else None,
+            message.key,
+            message.value,
         )
-        try:
-            record = self.codec.decode(
-                message.topic, message.value, self.allowed.get(message.topic)
-            )
-        except DecodeError as exc:
-            return Envelope(record=None, error=str(exc), **common)
-        except Exception as exc:  # never let a decode crash the agent
-            return Envelope(
-                record=None, error=f"decoder failure: {type(exc).__name__}: {exc}", **common
-            )
-        return Envelope(record=record, error=None, **common)

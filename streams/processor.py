@@ -44,6 +44,7 @@ from streams.models.outputs import (
     WorkItemResolution,
 )
 from streams.partitioning import partition_of
+from streams.settings import Settings
 from streams.topics import Topics
 
 EARLIEST_PLAUSIBLE = datetime(1971, 1, 1, tzinfo=UTC)
@@ -129,6 +130,21 @@ class Processor:
             Anomaly: topics.anomalies.name,
             DeadLetter: topics.dead_letters.name,
         }
+
+    @classmethod
+    def from_settings(cls, settings: Settings, topics: Topics, stores: Stores) -> Processor:
+        """The processor the worker and the replay both run, configured alike."""
+        policies = settings.policies()
+        return cls(
+            topics,
+            stores,
+            max_future_skew=settings.max_future_skew,
+            operation_config=policies.operations,
+            thresholds=policies.thresholds,
+            policies=policies.approval_policies,
+            closed_retention=settings.closed_retention,
+            orphan_after=settings.orphan_after,
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
     def forget_partitions(self) -> None:
