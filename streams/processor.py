@@ -290,6 +290,7 @@ class Processor:
             self.stores.closed[execution_id] = ex.dump_slot(slot)
             if execution_id in self.stores.inflight:
                 del self.stores.inflight[execution_id]
+            self._schedule(execution_id, slot.closed_at + self.closed_retention)
         elif isinstance(slot, ex.InFlight):
             self.stores.inflight[execution_id] = ex.dump_slot(slot)
 
@@ -411,6 +412,11 @@ class Processor:
                     if due is not None:
                         heap.append((_ms(due), key))
             heap.extend(self._approval_due(partition))
+            for key, value in list(self.stores.closed.items()):
+                if self.partition_of(key) == partition:
+                    slot = ex.load_slot(value)
+                    if isinstance(slot, ex.Closed):
+                        heap.append((_ms(slot.closed_at + self.closed_retention), key))
             heapq.heapify(heap)
             self.due[partition] = heap
         return heap
@@ -470,6 +476,7 @@ class Processor:
                 self._advance_key(key, at, out)
 
     def _advance_key(self, execution_id: str, horizon: datetime, out: list[Emission]) -> None:
+        self._expire_closed(execution_id, horizon)
         changed_at: datetime | None = None
         book = self._load_operations(execution_id)
         if book is not None:
@@ -483,6 +490,16 @@ class Processor:
             changed_at = max(changed_at, approvals_at) if changed_at else approvals_at
         if changed_at is not None:
             self._sync_open_items(execution_id, changed_at, out)
+
+    def _expire_closed(self, execution_id: str, at: datetime) -> None:
+        """A terminal execution is remembered for ``closed_retention`` (late events for it are
+        anomalies, not resurrections), then forgotten, so the table does not grow forever."""
+        stored = self.stores.closed.get(execution_id)
+        if stored is None:
+            return
+        slot = ex.load_slot(stored)
+        if isinstance(slot, ex.Closed) and slot.closed_at + self.closed_retention <= at:
+            del self.stores.closed[execution_id]
 
     # -- outputs --------------------------------------------------------------------------
     def _emit(self, record: Record, headers: tuple[tuple[str, str], ...] = ()) -> Emission:

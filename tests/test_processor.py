@@ -230,3 +230,31 @@ def test_far_future_first_record_of_a_partition_is_refused(proc: Processor) -> N
     )
     states = [r for r in handle(proc, ok) if isinstance(r, ExecutionState)]
     assert states and states[0].last_event_at == T0  # the far one was not applied
+
+
+def test_closed_executions_are_forgotten_after_the_retention() -> None:
+    from datetime import timedelta as td
+
+    proc = Processor(TOPICS, Stores(), closed_retention=td(hours=2))
+    for seq, st in enumerate([ExecutionStatus.RUNNING, ExecutionStatus.FAILED], 1):
+        handle(
+            proc,
+            ExecutionStatusChanged(
+                event_id=f"c{seq}",
+                execution_id="ex-c",
+                sequence=seq,
+                status=st,
+                occurred_at=T0 + td(minutes=seq),
+            ),
+        )
+    assert "ex-c" in proc.stores.closed and "ex-c" not in proc.stores.inflight
+    late = ExecutionStatusChanged(
+        event_id="c3",
+        execution_id="ex-c",
+        sequence=3,
+        status=ExecutionStatus.RUNNING,
+        occurred_at=T0 + td(hours=1),
+    )
+    assert [r.kind for r in handle(proc, late) if isinstance(r, Anomaly)] == ["AFTER_TERMINAL"]
+    ticks(proc, T0 + td(hours=3))
+    assert "ex-c" not in proc.stores.closed
