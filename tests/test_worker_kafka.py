@@ -103,3 +103,75 @@ def test_registry_refuses_incompatible_change(cluster, tmp_path: Path) -> None:
         {"name": "tenant", "type": ["null", "string"], "default": None, "doc": "optional"}
     )
     assert registry.register_schema(subject, Schema(json.dumps(compatible), "AVRO")) > 0
+
+
+def test_ticker_writes_into_every_partition_of_every_input_topic(cluster, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from streams.models.events import ClockTick
+
+    dep = deployment(cluster, tmp_path)
+    res = subprocess.run(
+        [sys.executable, "-m", "streams.cli", "ticker", "--count", "2", "--interval", "100ms"],
+        env=dep.env(),
+        capture_output=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr.decode()[-2000:]
+    got = dep.read([t.name for t in dep.topics.inputs()], idle=2.0)
+    ticks = [r for r in got if isinstance(r.record, ClockTick)]
+    cells = {(r.topic, r.partition) for r in ticks}
+    assert cells == {(t.name, p) for t in dep.topics.inputs() for p in range(t.partitions)}
+    assert len(ticks) == 2 * len(cells)
+    assert all(r.record.partition == r.partition for r in ticks)
+    # a tick's Kafka timestamp is its time: wall clock enters only as data
+    assert all(r.timestamp_ms == int(r.record.occurred_at.timestamp() * 1000) for r in ticks)
+
+
+def test_demo_stops_everything_it_started_on_ctrl_c(cluster, tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = dict(
+        os.environ,
+        KAFKA_BOOTSTRAP_SERVERS=cluster.bootstrap_servers,
+        SCHEMA_REGISTRY_URL=cluster.schema_registry_url,
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streams.cli", "demo", "--pace", "1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    out = b""
+    deadline = time.monotonic() + 120
+    assert proc.stdout is not None
+    os.set_blocking(proc.stdout.fileno(), False)
+    while b"Playing the scenario" not in out and time.monotonic() < deadline:
+        out += proc.stdout.read() or b""
+        time.sleep(0.3)
+    assert b"Playing the scenario" in out, out.decode()[-2000:]
+    time.sleep(3)
+    workers_before = _demo_workers(tmp_path)
+    assert workers_before, "the demo's worker should be running"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 130
+    time.sleep(1)
+    assert _demo_workers(tmp_path) == [], "the demo left its worker running"
+
+
+def _demo_workers(tmp_path: Path) -> list[int]:
+    """Worker processes started by a demo (their data dir is a vigil-demo- temp dir)."""
+    import subprocess
+
+    res = subprocess.run(
+        ["pgrep", "-f", "streams.cli worker .*vigil-demo-"], capture_output=True, text=True
+    )
+    return [int(x) for x in res.stdout.split()]
