@@ -14,8 +14,8 @@ Every execution follows one of five shapes (weights in ``MIX``):
 - ``failed`` (5 %): CREATED → … → RUNNING → FAILED (6 events).
 
 Every event of one execution is ``step`` apart in event time; executions start at the times
-the caller gives. ``inflight_only`` builds executions that stay in flight (statuses up to
-WAITING_FOR_TOOL and an operation SENT + ACKNOWLEDGED, 8 events) for the memory section.
+the caller gives. ``inflight_only`` builds executions that stay in flight (RUNNING, WAITING_FOR_TOOL and an
+operation SENT whose reply is due in an hour: 3 events) for the memory section.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def execution(
                 )
             )
 
-    for st in _PREFIX:
+    for st in (S.RUNNING,) if shape == "inflight" else _PREFIX:
         status(st)
     if shape == "tool":
         status(S.WAITING_FOR_TOOL)
@@ -195,8 +195,8 @@ def execution(
         status(S.FAILED)
     elif shape == "inflight":
         status(S.WAITING_FOR_TOOL)
-        op(K.SENT, EvidenceSource.RUNTIME)
-        op(K.ACKNOWLEDGED, EvidenceSource.CONNECTOR)
+        sent = clock[0]
+        op(K.SENT, EvidenceSource.RUNTIME, reply_due_at=sent + timedelta(hours=1))
     else:
         raise ValueError(shape)
     return out

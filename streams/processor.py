@@ -245,17 +245,18 @@ class Processor:
                 AnomalyKind.TIME_OUT_OF_RANGE, f"event time {t.isoformat()} is before 1971"
             )
         clock = self.clocks.get(env.partition)
-        return self._future(t, clock.watermark if clock else None)
+        if clock is None:
+            return None  # held, and judged when the partition's watermark comes
+        # Against the newest time of the record's own topic partition (its ticks included):
+        # it does not depend on how far the worker has read the other topics.
+        return self._future(t, clock.max_for(env.topic) or clock.stream_time)
 
-    def _future(self, t: datetime, watermark: datetime | None) -> AnomalyFinding | None:
-        """Judged against the watermark, which one producer's broken clock cannot drag along
-        (it is the minimum over the input topics). Before a partition has one, its events are
-        held and judged when it comes (``_on_first_watermark``)."""
-        if watermark is not None and t > watermark + self.max_future_skew:
+    def _future(self, t: datetime, reference: datetime | None) -> AnomalyFinding | None:
+        if reference is not None and t > reference + self.max_future_skew:
             return AnomalyFinding(
                 AnomalyKind.TIME_OUT_OF_RANGE,
                 f"event time {t.isoformat()} is more than {self.max_future_skew} ahead of the "
-                f"partition's stream time {watermark.isoformat()}",
+                f"partition's stream time {reference.isoformat()}",
             )
         return None
 

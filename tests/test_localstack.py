@@ -28,13 +28,22 @@ from streams.localstack import Cluster, Settings
 # --------------------------------------------------------------------------- pure tests
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _settings(tmp_path: Path) -> Settings:
+    """Ports nobody listens on: these tests must not see a real stack that happens to run."""
     return Settings(
         cache_dir=tmp_path / "cache",
         state_dir=tmp_path / "state",
-        kafka_port=39092,
-        controller_port=39093,
-        registry_port=38081,
+        kafka_port=_free_port(),
+        controller_port=_free_port(),
+        registry_port=_free_port(),
     )
 
 
@@ -70,14 +79,15 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
 
 
 def test_server_properties_are_single_node_and_strict(tmp_path: Path) -> None:
+    s = _settings(tmp_path)
     props = dict(
         line.split("=", 1)
-        for line in localstack._server_properties(_settings(tmp_path)).splitlines()
+        for line in localstack._server_properties(s).splitlines()
         if line and not line.startswith("#")
     )
     assert props["process.roles"] == "broker,controller"
-    assert props["controller.quorum.voters"] == "1@127.0.0.1:39093"
-    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:39092"
+    assert props["controller.quorum.voters"] == f"1@127.0.0.1:{s.controller_port}"
+    assert props["advertised.listeners"] == f"PLAINTEXT://127.0.0.1:{s.kafka_port}"
     assert props["auto.create.topics.enable"] == "false"
     assert props["group.initial.rebalance.delay.ms"] == "0"
     for key, value in props.items():
