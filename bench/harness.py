@@ -19,7 +19,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -143,10 +143,8 @@ def delete_deployment(dep: Deployment) -> None:
     names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(dep.settings.app_id)]
     if names:
         for fut in admin.delete_topics(names, operation_timeout=30).values():
-            try:
+            with suppress(Exception):  # best effort
                 fut.result(30)
-            except Exception:  # best effort
-                pass
 
 
 # -- encoding ---------------------------------------------------------------------------------
@@ -256,7 +254,9 @@ class WorkerProc:
 
 
 @contextmanager
-def workers(dep: Deployment, count: int = 1, ready_timeout: float = 120.0) -> Iterator[list[WorkerProc]]:
+def workers(
+    dep: Deployment, count: int = 1, ready_timeout: float = 120.0
+) -> Iterator[list[WorkerProc]]:
     """``vigil worker`` subprocesses (each its own web port and data dir), stopped with
     SIGTERM (SIGKILL after 30 s) on the way out."""
     procs: list[tuple[subprocess.Popen[bytes], Path]] = []
@@ -371,13 +371,9 @@ class Offsets:
     """End offsets of a set of topics (one consumer kept open for the polling)."""
 
     def __init__(self, settings: Settings, topics: list[str]) -> None:
-        self.c = Consumer(
-            settings.confluent_conf() | {"group.id": f"bench-{uuid.uuid4().hex[:6]}"}
-        )
+        self.c = Consumer(settings.confluent_conf() | {"group.id": f"bench-{uuid.uuid4().hex[:6]}"})
         meta = self.c.list_topics(timeout=10)
-        self.tps = [
-            TopicPartition(t, p) for t in topics for p in sorted(meta.topics[t].partitions)
-        ]
+        self.tps = [TopicPartition(t, p) for t in topics for p in sorted(meta.topics[t].partitions)]
 
     def ends(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -46,24 +46,51 @@ console = Console()
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
-    ap.add_argument("--executions", type=int, default=100_000,
-                    help="executions in the pre-produced mix (throughput, ceiling, replay)")
-    ap.add_argument("--events", type=int, default=60_000,
-                    help="events offered in the live latency run (duration = events / rate)")
-    ap.add_argument("--rate", type=float, default=2000.0, help="offered load of the latency run, events/s")
-    ap.add_argument("--extra-rates", default="500",
-                    help="further offered loads for the latency run (comma-separated; same duration)")
+    ap.add_argument(
+        "--executions",
+        type=int,
+        default=100_000,
+        help="executions in the pre-produced mix (throughput, ceiling, replay)",
+    )
+    ap.add_argument(
+        "--events",
+        type=int,
+        default=60_000,
+        help="events offered in the live latency run (duration = events / rate)",
+    )
+    ap.add_argument(
+        "--rate", type=float, default=2000.0, help="offered load of the latency run, events/s"
+    )
+    ap.add_argument(
+        "--extra-rates",
+        default="500",
+        help="further offered loads for the latency run (comma-separated; same duration)",
+    )
     ap.add_argument("--tick", default="100ms", help="ticker interval of the latency run")
     ap.add_argument("--workers", type=int, default=2, help="workers of the throughput2 section")
-    ap.add_argument("--inflight", default="100000",
-                    help="in-flight executions for the memory section (comma-separated)")
-    ap.add_argument("--stores", default="memory://,rocksdb://", help="stores for the memory section")
-    ap.add_argument("--profile-executions", type=int, default=5000,
-                    help="executions of the workload for the profiled worker run")
+    ap.add_argument(
+        "--inflight",
+        default="100000",
+        help="in-flight executions for the memory section (comma-separated)",
+    )
+    ap.add_argument(
+        "--stores", default="memory://,rocksdb://", help="stores for the memory section"
+    )
+    ap.add_argument(
+        "--profile-executions",
+        type=int,
+        default=5000,
+        help="executions of the workload for the profiled worker run",
+    )
     ap.add_argument("--sections", default=",".join(ALL), help=f"any of {', '.join(ALL)}")
     ap.add_argument("--out", type=Path, default=Path("bench/results.json"))
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/vigil-bench"))
     ap.add_argument("--keep-topics", action="store_true", help="do not delete the bench topics")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="add this run's sections to an existing --out file instead of replacing it",
+    )
     args = ap.parse_args(argv)
     wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = set(wanted) - set(ALL)
@@ -72,14 +99,31 @@ def main(argv: list[str] | None = None) -> int:
 
     base = Settings.from_env()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    log = console.print
     results: dict[str, Any] = {
         "command": " ".join(["python -m bench.run", *(argv if argv is not None else sys.argv[1:])]),
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "cluster": {"bootstrap": base.bootstrap_servers, "registry": base.schema_registry_url},
         "sections": {},
+        "load": [],
     }
+
+    def log(msg: str) -> None:
+        """Progress lines; a section's heading also records the machine's load average,
+        since other work on the machine moves every figure."""
+        if msg.startswith("[bold]"):
+            la = os.getloadavg()
+            name = msg.replace("[bold]", "").replace("[/bold]", "")
+            results["load"].append(
+                {
+                    "at": datetime.now(UTC).isoformat(timespec="seconds"),
+                    "section": name,
+                    "loadavg_1_5_15": la,
+                }
+            )
+            msg += f" [dim](load {la[0]:.1f} {la[1]:.1f} {la[2]:.1f})[/dim]"
+        console.print(msg)
+
     out_dir = args.out.parent
     t_all = time.time()
     tput_dep = tput_bf = None
@@ -96,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         if "replay" in wanted:
             log("[bold]replay[/bold]: pure Processor in-process")
             s["replay"] = sec.replay(
-                base, tput_dep, tput_bf, log,
+                base,
+                tput_dep,
+                tput_bf,
+                log,
                 out_dir / "profile-processor.txt" if "profile" in wanted else None,
             )
         if tput_dep is not None and not args.keep_topics:
@@ -130,16 +177,33 @@ def main(argv: list[str] | None = None) -> int:
             s["table_bytes"] = sec.table_bytes(base, args.workdir, n)
             log(f"  table payload per in-flight execution: {s['table_bytes']['total']:,.0f} B")
         if "profile" in wanted:
-            log(f"[bold]profile[/bold]: py-spy on one worker ({args.profile_executions:,} executions)")
+            n = args.profile_executions
+            log(f"[bold]profile[/bold]: py-spy on one worker ({n:,} executions)")
             prof = out_dir / "profile-worker.txt"
             r, dep3, _ = sec.throughput(
                 base, args.workdir, args.profile_executions, 1, log, profile=prof
             )
             if not args.keep_topics:
                 h.delete_deployment(dep3)
-            s["profile"] = {"run": r, "py_spy": sec.collapsed_top(prof), "collapsed_stacks": str(prof)}
+            s["profile"] = {
+                "run": r,
+                "py_spy": sec.collapsed_top(prof),
+                "collapsed_stacks": str(prof),
+            }
     finally:
         results["elapsed_s"] = time.time() - t_all
+        if args.merge and args.out.exists():
+            prev = json.loads(args.out.read_text())
+            prev.setdefault("runs", [{k: prev.get(k) for k in ("command", "started", "elapsed_s")}])
+            prev["runs"].append({k: results[k] for k in ("command", "started", "elapsed_s")})
+            for k, v in results["sections"].items():
+                old = prev["sections"].get(k)
+                if k == "latency" and old and old.get("rate") != v.get("rate"):
+                    k = f"latency_at_{v['rate']:.0f}"  # keep the primary offered load's run
+                prev["sections"][k] = v
+            prev.setdefault("load", []).extend(results["load"])
+            prev.setdefault("machine_by_run", []).append(results["machine"])
+            results = prev
         results["summary"] = summary(results, args.tick)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=2, default=str))
@@ -177,7 +241,12 @@ def summary(results: dict[str, Any], tick: str) -> dict[str, Any]:
             out[f"{k}_events_per_s"] = v["events_per_s"]
     c = s.get("ceiling")
     if c and t1:
-        for key in ("aiokafka_avrocodec", "aiokafka_fastavro", "confluent_avrocodec", "confluent_fastavro"):
+        for key in (
+            "aiokafka_avrocodec",
+            "aiokafka_fastavro",
+            "confluent_avrocodec",
+            "confluent_fastavro",
+        ):
             out[f"ratio_to_{key}"] = t1["records_per_s"] / c[key]["records_per_s"]
     lat = s.get("latency")
     if lat:
@@ -207,10 +276,16 @@ def show(results: dict[str, Any]) -> None:
     t.add_column("target", justify="right")
     t.add_column("", justify="center")
 
-    def row(name: str, value: float | None, target: float | None, fmt: str, higher: bool = True) -> None:
+    def row(
+        name: str, value: float | None, target: float | None, fmt: str, higher: bool = True
+    ) -> None:
         if value is None:
             return
-        ok = "" if target is None else ("✓" if (value >= target if higher else value <= target) else "✗")
+        ok = (
+            ""
+            if target is None
+            else ("✓" if (value >= target if higher else value <= target) else "✗")
+        )
         tgt = "" if target is None else ("≥ " if higher else "≤ ") + fmt.format(target)
         t.add_row(name, fmt.format(value), tgt, ok)
 
@@ -221,26 +296,74 @@ def show(results: dict[str, Any]) -> None:
             row(f"{k.split('_')[1]} workers, events/s", v, None, "{:,.0f}")
     row("worker / aiokafka+AvroCodec ceiling", sm.get("ratio_to_aiokafka_avrocodec"), 0.5, "{:.3f}")
     row("worker / aiokafka+fastavro ceiling", sm.get("ratio_to_aiokafka_fastavro"), 0.5, "{:.3f}")
-    row("worker / confluent+AvroCodec ceiling", sm.get("ratio_to_confluent_avrocodec"), None, "{:.3f}")
-    row("worker / confluent+fastavro ceiling", sm.get("ratio_to_confluent_fastavro"), None, "{:.3f}")
+    row(
+        "worker / confluent+AvroCodec ceiling",
+        sm.get("ratio_to_confluent_avrocodec"),
+        None,
+        "{:.3f}",
+    )
+    row(
+        "worker / confluent+fastavro ceiling", sm.get("ratio_to_confluent_fastavro"), None, "{:.3f}"
+    )
     c = s.get("ceiling", {})
-    for key in sorted(k for k in c if isinstance(c[k], dict)):
+    for key in sorted(k for k in c if isinstance(c[k], dict) and "records_per_s" in c[k]):
         row(f"ceiling {key}, records/s", c[key]["records_per_s"], None, "{:,.0f}")
     lat = s.get("latency")
     if lat:
-        row(f"p50 latency at {lat['rate']:,.0f} ev/s, ms", sm.get("p50_latency_ms"), None, "{:,.0f}")
-        row(f"p99 latency at {lat['rate']:,.0f} ev/s, ms", sm.get("p99_latency_ms"), 250, "{:,.0f}", False)
-        row("p99 UNKNOWN lag after deadline, ms", sm.get("unknown_lag_p99_ms"), tick_ms + 500, "{:,.0f}", False)
-        row("p99 STUCK lag after grace, ms", sm.get("stuck_lag_p99_ms"), tick_ms + 500, "{:,.0f}", False)
+        row(
+            f"p50 latency at {lat['rate']:,.0f} ev/s, ms", sm.get("p50_latency_ms"), None, "{:,.0f}"
+        )
+        row(
+            f"p99 latency at {lat['rate']:,.0f} ev/s, ms",
+            sm.get("p99_latency_ms"),
+            250,
+            "{:,.0f}",
+            False,
+        )
+        row(
+            "p99 UNKNOWN lag after deadline, ms",
+            sm.get("unknown_lag_p99_ms"),
+            tick_ms + 500,
+            "{:,.0f}",
+            False,
+        )
+        row(
+            "p99 STUCK lag after grace, ms",
+            sm.get("stuck_lag_p99_ms"),
+            tick_ms + 500,
+            "{:,.0f}",
+            False,
+        )
     for k, v in s.items():
         if k.startswith("latency_at_"):
-            row(f"p50 latency at {v['rate']:,.0f} ev/s, ms", v["latency_ms_from_ack"]["p50"], None, "{:,.0f}")
-            row(f"p99 latency at {v['rate']:,.0f} ev/s, ms", v["latency_ms_from_ack"]["p99"], None, "{:,.0f}")
-            row(f"p99 UNKNOWN lag at {v['rate']:,.0f} ev/s, ms", v["unknown_lag_ms"]["p99"], tick_ms + 500, "{:,.0f}", False)
+            row(
+                f"p50 latency at {v['rate']:,.0f} ev/s, ms",
+                v["latency_ms_from_ack"]["p50"],
+                None,
+                "{:,.0f}",
+            )
+            row(
+                f"p99 latency at {v['rate']:,.0f} ev/s, ms",
+                v["latency_ms_from_ack"]["p99"],
+                None,
+                "{:,.0f}",
+            )
+            row(
+                f"p99 UNKNOWN lag at {v['rate']:,.0f} ev/s, ms",
+                v["unknown_lag_ms"]["p99"],
+                tick_ms + 500,
+                "{:,.0f}",
+                False,
+            )
     for k, v in sm.items():
         if k.startswith("bytes_per_inflight_"):
-            row(k.replace("bytes_per_inflight_", "bytes / in-flight exec, "), v,
-                2048 if "memory" in k else None, "{:,.0f}", False)
+            row(
+                k.replace("bytes_per_inflight_", "bytes / in-flight exec, "),
+                v,
+                2048 if "memory" in k else None,
+                "{:,.0f}",
+                False,
+            )
     row("replay events/s (in-process Processor)", sm.get("replay_events_per_s"), None, "{:,.0f}")
     row("replay / live", sm.get("replay_over_live"), 2.0, "{:.2f}")
     console.print(t)

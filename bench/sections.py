@@ -30,6 +30,7 @@ BACKFILL_SPACING = timedelta(milliseconds=10)
 #: fires every deadline and change point left (verdicts, orphans).
 BACKFILL_TICK_MS = 1000
 FINAL_TICK_AFTER = (1_000, 2 * 3600 * 1000)
+PYINSTRUMENT_RECORDS = 40_000
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -96,7 +97,9 @@ def envelopes(dep: h.Deployment, planned: list[Planned], wires: list[h.Wire]) ->
         rec = (
             planned[w.index].record
             if w.index >= 0
-            else ClockTick(ticker_id="bench-ticker", partition=w.partition, occurred_at=from_ms(w.ts_ms))
+            else ClockTick(
+                ticker_id="bench-ticker", partition=w.partition, occurred_at=from_ms(w.ts_ms)
+            )
         )
         out.append(Envelope(w.topic, w.partition, off, w.ts_ms, w.key, w.value, rec, None))
     return out
@@ -136,7 +139,12 @@ def _deterministic(dep: h.Deployment, expected: dict[str, int]) -> dict[str, int
 
 # -- throughput ----------------------------------------------------------------------------------
 def throughput(
-    base: Settings, workdir: Path, executions: int, workers: int, log: Log, profile: Path | None = None
+    base: Settings,
+    workdir: Path,
+    executions: int,
+    workers: int,
+    log: Log,
+    profile: Path | None = None,
 ) -> tuple[dict[str, Any], h.Deployment, Backfill]:
     dep = h.deployment(base, workdir, f"tput{workers}")
     bf = Backfill(dep, executions, log)
@@ -178,7 +186,7 @@ def throughput(
         if profile is not None:
             spy = _py_spy(procs[0].pid, profile)
         cpu0 = [h.cpu_seconds(p.pid) for p in procs]
-        ends, met = h.wait_outputs(
+        _, met = h.wait_outputs(
             off, det, progress=lambda n: None, timeout=max(600.0, bf.records / 200)
         )
         cpu1 = [h.cpu_seconds(p.pid) for p in procs]
@@ -227,7 +235,19 @@ def _py_spy(pid: int, out: Path) -> Any:
 
     exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     return subprocess.Popen(
-        [exe, "record", "--pid", str(pid), "--rate", "50", "--format", "raw", "--output", str(out)],
+        [
+            exe,
+            "record",
+            "--pid",
+            str(pid),
+            "--rate",
+            "100",
+            "--nonblocking",
+            "--format",
+            "raw",
+            "--output",
+            str(out),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
     )
@@ -254,7 +274,10 @@ def collapsed_top(path: Path, n: int = 20) -> dict[str, Any]:
             continue
         count = int(count_s)
         total += count
-        frames = [f.split(" (")[0] + " (" + f.split(" (")[-1] if " (" in f else f for f in stack.split(";")]
+        frames = [
+            f.split(" (")[0] + " (" + f.split(" (")[-1] if " (" in f else f
+            for f in stack.split(";")
+        ]
         frames = [_short(f) for f in frames]
         self_c[frames[-1]] += count
         for f in set(frames):
@@ -283,6 +306,15 @@ def ceiling(base: Settings, dep: h.Deployment, records: int, log: Log) -> dict[s
     out: dict[str, Any] = {"records": records}
     codec = AvroCodec.connect(RegistryConfig(base.schema_registry_url))
     fast = h.FastDecoder(codec)
+
+    def warm(topic: str, value: bytes) -> None:
+        fast(value)
+        codec.decode(topic, value)
+
+    # untimed: fills both decoders' registry caches (writer schemas by id) before any timing
+    out["warmup"] = dict(
+        zip(("records", "seconds"), _confluent_pass(base, dep.inputs, warm), strict=True)
+    )
     for mode in ("none", "fastavro", "avrocodec"):
         decode = _decoder(mode, codec, fast)
         n, s = _confluent_pass(base, dep.inputs, decode)
@@ -335,16 +367,20 @@ def _confluent_pass(
                     want[(t, p)] = high
                     tps.append(TopicPartition(t, p, low))
         n = 0
-        t0 = time.perf_counter()
+        t0 = 0.0
         c.assign(tps)
+        poll = c.poll
         while want:
-            for msg in c.consume(5000, 1.0):
-                if msg.error():
-                    continue
-                decode(msg.topic(), msg.value())
-                n += 1
-                if msg.offset() + 1 >= want.get((msg.topic(), msg.partition()), 1 << 62):
-                    del want[(msg.topic(), msg.partition())]
+            # poll, not consume(n, timeout): consume waits for a full batch or the timeout
+            msg = poll(0.05)
+            if msg is None or msg.error():
+                continue
+            if not n:
+                t0 = time.perf_counter()  # from the first record, as for aiokafka
+            decode(msg.topic(), msg.value())
+            n += 1
+            if msg.offset() + 1 >= want.get((msg.topic(), msg.partition()), 1 << 62):
+                del want[(msg.topic(), msg.partition())]
         return n, time.perf_counter() - t0
     finally:
         c.close()
@@ -371,11 +407,13 @@ async def _aiokafka_pass(
         c.assign(list(want))
         await c.seek_to_beginning(*want)
         n = 0
-        t0 = time.perf_counter()
+        t0 = 0.0
         while want:
-            batch = await c.getmany(timeout_ms=1000, max_records=5000)
+            batch = await c.getmany(timeout_ms=50, max_records=5000)
             for tp, msgs in batch.items():
                 for msg in msgs:
+                    if not n:
+                        t0 = time.perf_counter()  # from the first record
                     decode(msg.topic, msg.value)
                     n += 1
                 if msgs and msgs[-1].offset + 1 >= want.get(tp, 1 << 62):
@@ -418,19 +456,27 @@ def replay(
     t0 = pc()
     c.assign(tps)
     while want:
-        for msg in c.consume(5000, 1.0):
-            if msg.error():
+        for msg in (c.poll(0.05),):
+            if msg is None or msg.error():
                 continue
             a = pc()
             topic, value = msg.topic(), msg.value()
             ts = msg.timestamp()[1]
             try:
                 env = Envelope(
-                    topic, msg.partition(), msg.offset(), ts, msg.key(), value,
-                    codec.decode(topic, value, allowed.get(topic)), None,
+                    topic,
+                    msg.partition(),
+                    msg.offset(),
+                    ts,
+                    msg.key(),
+                    value,
+                    codec.decode(topic, value, allowed.get(topic)),
+                    None,
                 )
             except DecodeError as exc:
-                env = Envelope(topic, msg.partition(), msg.offset(), ts, msg.key(), value, None, str(exc))
+                env = Envelope(
+                    topic, msg.partition(), msg.offset(), ts, msg.key(), value, None, str(exc)
+                )
             b = pc()
             ems = proc.handle(env)
             cpt = pc()
@@ -453,8 +499,12 @@ def replay(
         "seconds": total,
         "records_per_s": n / total,
         "events_per_s": bf.events / total,
-        "split_s": {"consume_other": total - dec_s - handle_s - enc_s, "decode": dec_s,
-                    "processor_handle": handle_s, "encode_outputs": enc_s},
+        "split_s": {
+            "consume_other": total - dec_s - handle_s - enc_s,
+            "decode": dec_s,
+            "processor_handle": handle_s,
+            "encode_outputs": enc_s,
+        },
         "handle_only_records_per_s": n / handle_s,
         "outputs": dict(outputs),
         "outputs_match_expected": dict(outputs) == bf.expected,
@@ -470,10 +520,11 @@ def replay(
 
 
 def _pyinstrument_handle(dep: h.Deployment, bf: Backfill, out: Path) -> str:
-    """pyinstrument around Processor.handle over the same records (in memory, decoded)."""
+    """pyinstrument around Processor.handle over the first records of the same workload (in
+    memory, already decoded)."""
     from pyinstrument import Profiler
 
-    envs = envelopes(dep, bf.planned, bf.wires)
+    envs = envelopes(dep, bf.planned, bf.wires)[:PYINSTRUMENT_RECORDS]
     proc = _processor(dep.settings, dep)
     prof = Profiler(interval=0.0005)
     prof.start()
@@ -510,10 +561,14 @@ def latency(
     sent_at = [0.0] * n
     acked_at = [0.0] * n
     errors: list[str] = []
-    log(f"  live: {n:,} events over {planned[-1].at_ms / 1000 - start.timestamp():.0f}s at {rate:,.0f}/s")
+    log(
+        f"  live: {n:,} events over {planned[-1].at_ms / 1000 - start.timestamp():.0f}s "
+        f"at {rate:,.0f}/s"
+    )
     with h.workers(dep, 1) as procs, h.ticker(dep, tick_interval):
         h.wait_group_stable(dep, 1)
         p = h.producer(base, **{"linger.ms": 1})
+        cpu0 = h.cpu_seconds(procs[0].pid)
         wait = start.timestamp() - time.time()
         if wait > 0:
             time.sleep(wait)
@@ -534,12 +589,23 @@ def latency(
                     errors.append(str(err))
 
             sent_at[i] = time.time()
-            p.produce(w.topic, value=w.value, key=w.key, partition=w.partition,
-                      timestamp=w.ts_ms, on_delivery=report)
+            p.produce(
+                w.topic,
+                value=w.value,
+                key=w.key,
+                partition=w.partition,
+                timestamp=w.ts_ms,
+                on_delivery=report,
+            )
             p.poll(0)
         p.flush(30)
-        # wait for the last deadlines (+ grace) to pass and be judged
+        sent_s = time.time() - start.timestamp()
+        # the last deadlines (+ grace) pass and are judged; a worker behind drains its backlog
         time.sleep(deadline.total_seconds() * 2 + 3)
+        off = h.Offsets(base, dep.outputs)
+        h.wait_outputs(off, {}, settle=4.0, timeout=900.0)
+        off.close()
+        cpu1 = h.cpu_seconds(procs[0].pid)
         rss = h.rss_bytes(procs[0].pid)
     outs = h.read_all(base, dep.outputs)
     dec = h.FastDecoder(dep.codec)
@@ -592,15 +658,27 @@ def latency(
             seen.add(key)
             i = appr_in.get(key[1:])
             kind = "approval"
-        elif o.topic == t.alerts.name and rec["kind"] == "OPERATION_UNKNOWN" and rec["status"] != "RESOLVED":
+        elif (
+            o.topic == t.alerts.name
+            and rec["kind"] == "OPERATION_UNKNOWN"
+            and rec["status"] != "RESOLVED"
+        ):
             unknown_alert_lag.append(o.append_ms - h.ms(rec["occurred_at"]))
         if kind is not None and i is not None and acked_at[i]:
             lat_ack[kind].append(o.append_ms - acked_at[i] * 1000)
             lat_send[kind].append(o.append_ms - sent_at[i] * 1000)
     all_ack = [x for v in lat_ack.values() for x in v]
     all_send = [x for v in lat_send.values() for x in v]
-    expected_unknown = sum(1 for p in planned if p.shape == "lost_reply" and p.record.avro_name == "OperationEvent" and str(p.record.kind) == "SENT")  # type: ignore[attr-defined]
-    expected_stuck = sum(1 for p in planned if p.shape == "stuck" and p.record.avro_name == "ApprovalDecision")
+    expected_unknown = sum(
+        1
+        for p in planned
+        if p.shape == "lost_reply"
+        and p.record.avro_name == "OperationEvent"
+        and str(p.record.kind) == "SENT"
+    )  # type: ignore[attr-defined]
+    expected_stuck = sum(
+        1 for p in planned if p.shape == "stuck" and p.record.avro_name == "ApprovalDecision"
+    )
     result = {
         "method": (
             "one worker, the real `vigil ticker --interval " + tick_interval + "`, inputs "
@@ -625,6 +703,9 @@ def latency(
         "by_kind_from_ack": {k: dist(v) for k, v in lat_ack.items()},
         "outputs": len(outs),
         "worker_rss_mib": rss / 2**20,
+        "worker_cpu_s": cpu1 - cpu0,
+        "worker_cpu_s_per_offered_s": (cpu1 - cpu0) / max(1e-9, sent_s),
+        "drained_after_s": max(o.append_ms for o in outs) / 1000 - start.timestamp(),
         "deadline_s": deadline.total_seconds(),
         "unknown_lag_ms": dist(unknown_lag) | {"expected": expected_unknown},
         "unknown_alert_lag_ms": dist(unknown_alert_lag),
@@ -640,7 +721,8 @@ def latency(
     a = result["latency_ms_from_ack"]
     log(
         f"  latency (ack→output): p50 {a['p50']} ms, p99 {a['p99']} ms over {a['n']:,}; "
-        f"UNKNOWN lag p50 {result['unknown_lag_ms']['p50']} p99 {result['unknown_lag_ms']['p99']} ms "
+        f"UNKNOWN lag p50 {result['unknown_lag_ms']['p50']} "
+        f"p99 {result['unknown_lag_ms']['p99']} ms "
         f"({len(unknown_lag)}/{expected_unknown}); STUCK lag p50 {result['stuck_lag_ms']['p50']} "
         f"p99 {result['stuck_lag_ms']['p99']} ms ({len(stuck_lag)}/{expected_stuck})"
     )
@@ -649,9 +731,7 @@ def latency(
 
 
 # -- memory -------------------------------------------------------------------------------------
-def memory(
-    base: Settings, workdir: Path, inflight: int, store: str, log: Log
-) -> dict[str, Any]:
+def memory(base: Settings, workdir: Path, inflight: int, store: str, log: Log) -> dict[str, Any]:
     """RSS growth of one worker from idle (Ready, empty tables) to ``inflight`` executions in
     flight (RUNNING, WAITING_FOR_TOOL and an operation SENT whose reply is due in an hour: 3 events
     each, all processed: a tick a second after the last event passes the watermark over them)."""
@@ -659,13 +739,20 @@ def memory(
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=3)
     spacing = timedelta(milliseconds=2)
     planned = plan(
-        inflight, start=start, spacing=spacing, step=timedelta(milliseconds=100),
-        inflight_only=True, run="m",
+        inflight,
+        start=start,
+        spacing=spacing,
+        step=timedelta(milliseconds=100),
+        inflight_only=True,
+        run="m",
     )
     first, last = planned[0].at_ms, planned[-1].at_ms
     t0 = time.perf_counter()
     wires = h.encode(dep, planned, tick_times(first, last, 1000), [last + 1000])
-    log(f"  {inflight:,} in-flight executions: {len(wires):,} records, encoded in {time.perf_counter() - t0:.1f}s")
+    log(
+        f"  {inflight:,} in-flight executions: {len(wires):,} records, "
+        f"encoded in {time.perf_counter() - t0:.1f}s"
+    )
     states = sum(1 for p in planned if p.record.avro_name == "ExecutionStatusChanged")
     off = h.Offsets(base, [dep.topics.execution_state.name])
     with h.workers(dep, 1) as procs:
@@ -678,8 +765,10 @@ def memory(
         wall0 = time.time()
         h.produce_all(base, wires)
         peak = rss0
-        ends, met = h.wait_outputs(
-            off, {dep.topics.execution_state.name: states}, settle=5.0,
+        _, met = h.wait_outputs(
+            off,
+            {dep.topics.execution_state.name: states},
+            settle=5.0,
             timeout=max(900.0, len(wires) / 200),
         )
         time.sleep(3)
@@ -700,7 +789,8 @@ def memory(
         "method": memory.__doc__.replace("\n   ", "").strip(),  # type: ignore[union-attr]
     }
     log(
-        f"  {store}: RSS {rss0 / 2**20:,.0f} → {rss1 / 2**20:,.0f} MiB = {per:,.0f} B per in-flight "
+        f"  {store}: RSS {rss0 / 2**20:,.0f} → {rss1 / 2**20:,.0f} MiB = {per:,.0f} B "
+        "per in-flight "
         f"execution (met={met}, {elapsed:.0f}s)"
     )
     h.delete_deployment(dep)
@@ -717,8 +807,14 @@ def table_bytes(base: Settings, workdir: Path, inflight: int) -> dict[str, Any]:
     topics = Topics.from_settings(base)
     dep = h.Deployment(base, None, topics, workdir)  # type: ignore[arg-type]
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=3)
-    planned = plan(inflight, start=start, spacing=timedelta(milliseconds=2),
-                   step=timedelta(milliseconds=100), inflight_only=True, run="m")
+    planned = plan(
+        inflight,
+        start=start,
+        spacing=timedelta(milliseconds=2),
+        step=timedelta(milliseconds=100),
+        inflight_only=True,
+        run="m",
+    )
     proc = _processor(base, dep)
     offs: Counter[tuple[str, int]] = Counter()
     topic_of = {m: sp.name for sp in topics.inputs() for m in sp.value_types}
@@ -737,8 +833,12 @@ def table_bytes(base: Settings, workdir: Path, inflight: int) -> dict[str, Any]:
     st = proc.stores
     per_table = {
         name: sum(len(k) + len(v) for k, v in d.items()) / inflight
-        for name, d in (("inflight", st.inflight), ("closed", st.closed),
-                        ("operations", st.operations), ("approvals", st.approvals))
+        for name, d in (
+            ("inflight", st.inflight),
+            ("closed", st.closed),
+            ("operations", st.operations),
+            ("approvals", st.approvals),
+        )
     }
     return {
         "executions": inflight,

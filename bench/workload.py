@@ -14,8 +14,9 @@ Every execution follows one of five shapes (weights in ``MIX``):
 - ``failed`` (5 %): CREATED → … → RUNNING → FAILED (6 events).
 
 Every event of one execution is ``step`` apart in event time; executions start at the times
-the caller gives. ``inflight_only`` builds executions that stay in flight (RUNNING, WAITING_FOR_TOOL and an
-operation SENT whose reply is due in an hour: 3 events) for the memory section.
+the caller gives. ``inflight_only`` builds executions that stay in flight (RUNNING,
+WAITING_FOR_TOOL and an operation SENT whose reply is due in an hour: 3 events) for the
+memory section.
 """
 
 from __future__ import annotations
