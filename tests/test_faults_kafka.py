@@ -7,6 +7,12 @@ duplicates and illegal events, ticks every second of event time) from a backgrou
 while the fault happens, and compares what the workers published with ``offline()`` of the
 same steps: every expected record is there, a repeated id is only ever an identical record
 (``by_id`` asserts that) and there is nothing else.
+
+Known bugs (the tests are strict xfails, raising only ``ReprocessedAsAnomaly`` or
+``MissingOutputs``): after a restart or a rebalance, inputs the tables already reflect are
+processed again and reported as anomalies (some under the id of an expected anomaly, with
+another reason); and after a rebalance Faust sometimes skips input records, whose outputs
+are then missing. The broker restart (no rebalance) passes.
 """
 
 from __future__ import annotations
@@ -17,17 +23,21 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from streams.clients import ConsumedRecord
 from streams.models import events as ev
 from streams.models.base import Record
 from streams.models.enums import (
+    AlertKind,
     AnomalyKind,
     DecisionCode,
     DeliveryOutcome,
@@ -38,11 +48,13 @@ from streams.models.enums import (
     Risk,
 )
 from streams.models.outputs import (
+    Alert,
     Anomaly,
     ExecutionState,
     OperationState,
     ReconciliationWorkItem,
 )
+from streams.partitioning import partition_of
 from streams.scenario import Step, Tick
 from tests.support import Deployment, by_id, deployment, kill_hard, worker
 from tests.test_pipeline_kafka import offline
@@ -211,7 +223,8 @@ def _time(s: Step) -> datetime:
 class Feeder(threading.Thread):
     """Produces the steps in order, one second of event time per batch, ``pace`` seconds
     apart, from one idempotent producer (so the offsets are the ones ``offline`` assumes).
-    With ``gate``, waits before the first step at or after ``gate_at`` until it is set."""
+    With ``gate``, waits before the first step at or after ``gate_at`` until it is set
+    (``at_gate`` tells when it got there, with everything before it delivered)."""
 
     def __init__(
         self,
@@ -225,6 +238,7 @@ class Feeder(threading.Thread):
         super().__init__(daemon=True)
         self.dep, self.steps, self.pace = dep, steps, pace
         self.gate, self.gate_at = gate, gate_at
+        self.at_gate = threading.Event()
         self.sent = 0
         self.error: BaseException | None = None
 
@@ -237,6 +251,7 @@ class Feeder(threading.Thread):
                 t = _time(s)
                 if self.gate is not None and self.gate_at is not None and t >= self.gate_at:
                     p.flush(180)
+                    self.at_gate.set()
                     assert self.gate.wait(240), "gate never opened"
                     self.gate = None
                 second = int((t - T0).total_seconds())
@@ -255,10 +270,26 @@ class Feeder(threading.Thread):
             self.error = exc
 
     def finish(self, timeout: float = 240) -> None:
+        """Wait until everything is produced; check the input topics hold exactly the steps
+        (the offsets ``offline`` assumes), nothing duplicated by producer retries."""
         self.join(timeout)
         assert not self.is_alive(), "feeder did not finish"
         if self.error is not None:
             raise self.error
+        want: Counter[tuple[str, int]] = Counter()
+        for s in self.steps:
+            if isinstance(s, Tick):
+                for spec in self.dep.topics.inputs():
+                    want.update((spec.name, p) for p in range(spec.partitions))
+            else:
+                spec = next(x for x in self.dep.topics.inputs() if type(s) in x.value_types)
+                want[(spec.name, partition_of(s.execution_id, spec.partitions))] += 1
+        c = Consumer(self.dep.settings.confluent_conf() | {"group.id": "faults-reader"})
+        try:
+            have = {tp: c.get_watermark_offsets(TopicPartition(*tp), timeout=10)[1] for tp in want}
+        finally:
+            c.close()
+        assert have == dict(want), "the input topics do not hold exactly the produced steps"
 
 
 def rid(rec: Record) -> str:
@@ -269,29 +300,144 @@ def outputs(dep: Deployment) -> list[str]:
     return [t.name for t in dep.topics.outputs()]
 
 
+def read_now(dep: Deployment, topics: list[str], timeout: float = 30) -> list[ConsumedRecord]:
+    """Everything in ``topics`` up to their end offsets at the time of the call (reading
+    until idle never ends while a steady stream is being processed)."""
+    c = Consumer(
+        dep.settings.confluent_conf() | {"group.id": "faults-reader", "enable.auto.commit": False}
+    )
+    out: list[ConsumedRecord] = []
+    try:
+        ends: dict[tuple[str, int], int] = {}
+        assignment = []
+        meta = c.list_topics(timeout=10)
+        for t in topics:
+            for p in meta.topics[t].partitions:
+                low, high = c.get_watermark_offsets(TopicPartition(t, p), timeout=10)
+                if high > low:
+                    ends[(t, p)] = high
+                    assignment.append(TopicPartition(t, p, low))
+        c.assign(assignment)
+        deadline = time.monotonic() + timeout
+        while ends:
+            assert time.monotonic() < deadline, f"could not read up to {ends}"
+            msg = c.poll(0.2)
+            if msg is None or msg.error():
+                continue
+            t, p = msg.topic(), msg.partition()
+            out.append(
+                ConsumedRecord(
+                    topic=t,
+                    partition=p,
+                    offset=msg.offset(),
+                    timestamp_ms=msg.timestamp()[1],
+                    key=msg.key().decode() if msg.key() is not None else None,
+                    headers={k: (v or b"").decode() for k, v in (msg.headers() or [])},
+                    record=dep.codec.decode(t, msg.value()),
+                    error=None,
+                    raw=msg.value(),
+                )
+            )
+            if (t, p) in ends and msg.offset() + 1 >= ends[(t, p)]:
+                del ends[(t, p)]
+    finally:
+        c.close()
+    return out
+
+
 def wait_for(
-    dep: Deployment, done: Callable[[list[ConsumedRecord]], bool], timeout: float
+    dep: Deployment,
+    done: Callable[[list[ConsumedRecord]], bool],
+    timeout: float,
+    topics: list[str] | None = None,
 ) -> list[ConsumedRecord]:
-    return dep.read_until(outputs(dep), done, timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        got = read_now(dep, topics or outputs(dep))
+        if done(got):
+            return got
+        assert time.monotonic() < deadline, f"timed out with {len(got)} records"
+        time.sleep(0.3)
+
+
+class MissingOutputs(AssertionError):
+    """Expected records never came although the workers had gone quiet: input was lost."""
+
+
+class ReprocessedAsAnomaly(AssertionError):
+    """Nothing is missing, and every unexpected record is an anomaly about an input the run
+    had already applied, or its ANOMALY alert: the input was processed again."""
+
+
+REPROCESSED = {AnomalyKind.DUPLICATE, AnomalyKind.OUT_OF_ORDER, AnomalyKind.AFTER_TERMINAL}
+
+
+def split(
+    got: list[ConsumedRecord], expected: dict[str, Record]
+) -> tuple[dict[str, Record], list[Record]]:
+    """Live records by id, and apart from them what processing an input again produces: an
+    anomaly the core never computed (DUPLICATE, OUT_OF_ORDER, AFTER_TERMINAL), or an expected
+    anomaly re-judged against a later state (same id, another reason), and their ANOMALY
+    alerts. ``by_id`` asserts that every other repeated id is an identical record."""
+    want = {rid(r): r for r in expected.values()}
+
+    def again(rec: Record | None) -> bool:
+        if isinstance(rec, Alert) and rec.kind == AlertKind.ANOMALY:
+            kind = rec.verdict
+        elif isinstance(rec, Anomaly):
+            kind = rec.kind
+        else:
+            return False
+        assert rec is not None
+        known = want.get(rid(rec))
+        return (known is None and kind in REPROCESSED) or (known is not None and known != rec)
+
+    aside = [r.record for r in got if again(r.record)]
+    live = by_id(r for r in got if not again(r.record))
+    return live, aside
 
 
 def until_complete(
-    dep: Deployment, expected: dict[str, Record], timeout: float = 120
+    dep: Deployment, expected: dict[str, Record], *, quiet: float = 15, timeout: float = 150
 ) -> list[ConsumedRecord]:
-    """Every expected id published, then one more quiet read for stragglers."""
-    want = {rid(r) for r in expected.values()}
-    wait_for(dep, lambda rs: want <= set(by_id(rs)), timeout)
-    return dep.read(outputs(dep), idle=3.0)
+    """Wait until every expected id is published, then until nothing more comes. If nothing
+    has come for ``quiet`` seconds and something is still missing, it is lost."""
+    want = {rid(r): r for r in expected.values()}
+    deadline = time.monotonic() + timeout
+    count, changed = -1, time.monotonic()
+    while True:
+        got = read_now(dep, outputs(dep))
+        now = time.monotonic()
+        if len(got) != count:
+            count, changed = len(got), now
+        live, _ = split(got, expected)
+        missing = [r for k, r in want.items() if k not in live]
+        if not missing and now - changed > 3:
+            return got
+        if missing and (now - changed > quiet or now > deadline):
+            raise MissingOutputs(
+                f"{len(missing)} expected records never came (nothing new for "
+                f"{now - changed:.0f}s): {[m.model_dump_json() for m in missing[:5]]}"
+            )
+        time.sleep(1)
 
 
 def assert_same_as_offline(got: list[ConsumedRecord], expected: dict[str, Record]) -> None:
-    live = {r.model_dump_json(): r for r in by_id(got).values()}
-    missing = sorted(set(expected) - set(live))
-    unexpected = sorted(set(live) - set(expected))
-    assert not missing and not unexpected, (
-        f"{len(missing)} missing, {len(unexpected)} unexpected;\n"
-        f"missing: {missing[:4]}\nunexpected: {unexpected[:4]}"
-    )
+    live, aside = split(got, expected)
+    live_json = {r.model_dump_json() for r in live.values()}
+    missing = sorted(set(expected) - live_json)
+    unexpected = sorted(live_json - set(expected))
+    if missing:
+        raise MissingOutputs(f"{len(missing)} missing: {missing[:4]}")
+    assert not unexpected, f"{len(unexpected)} unexpected: {unexpected[:4]}"
+    if aside:
+        kinds = Counter(str(r.kind) for r in aside if isinstance(r, Anomaly))
+        if any(rid(r) in live for r in aside):
+            kinds["re-judged with another reason"] = sum(rid(r) in live for r in aside)
+        raise ReprocessedAsAnomaly(
+            f"{len(aside)} records from inputs processed twice, anomalies {dict(kinds)}: "
+            f"{[r.model_dump_json() for r in aside[:3]]}"
+        )
 
 
 def final_states(got: list[ConsumedRecord], expected: dict[str, Record]) -> None:
@@ -308,7 +454,10 @@ def final_states(got: list[ConsumedRecord], expected: dict[str, Record]) -> None
     for cls, key in ((ExecutionState, "execution_id"), (OperationState, "operation_id")):
         live = last([r.record for r in in_log_order if isinstance(r.record, cls)], key)
         core = last([r for r in expected.values() if isinstance(r, cls)], key)
-        assert live == core, {k: (live.get(k), core.get(k)) for k in core if live.get(k) != core[k]}
+        diverged = {k: (live.get(k), v) for k, v in core.items() if live.get(k) != v}
+        if any(v[0] is None for v in diverged.values()):
+            raise MissingOutputs(f"no final state: {diverged}")
+        assert not diverged, f"final states diverge (live, core): {diverged}"
 
 
 def sigterm(proc: Any) -> None:
@@ -318,9 +467,20 @@ def sigterm(proc: Any) -> None:
 
 # -- 1 and 2: kill -9 and restart ----------------------------------------------------------
 SPLIT = 70.0  # event time (s) produced only after the restart
+STORES = {"memory": "memory://"}
+if importlib.util.find_spec("rocksdict") or importlib.util.find_spec("rocksdb"):
+    # faust-streaming's rocksdb:// store uses rocksdict when python-rocksdb is absent
+    STORES["rocksdb"] = "rocksdb://"
 
 
-def kill_and_restart(cluster: Any, tmp_path: Path, store: str) -> None:
+@dataclass
+class Outcome:
+    got: list[ConsumedRecord] = field(default_factory=list)
+    expected: dict[str, Record] = field(default_factory=dict)
+    error: BaseException | None = None
+
+
+def kill_and_restart(cluster: Any, tmp_path: Path, store: str) -> Outcome:
     """SIGKILL in the middle of the stream, restart on the same data dir. State written before
     the kill is needed after it: ``op-hold`` was SENT before the kill and its deadline fires
     after the restart (exactly one UNKNOWN and one work item); ``hold-st`` waits for a tool
@@ -337,81 +497,156 @@ def kill_and_restart(cluster: Any, tmp_path: Path, store: str) -> None:
         status("hold-ok", 3, S.COMPLETED, SPLIT + 6),
     ]
     steps = steady_stream(40, extra=extra)
-    expected = offline(steps, dep.settings)
+    gate_index = next(i for i, s in enumerate(steps) if _time(s) >= at(SPLIT))
+    outcome = Outcome(expected=offline(steps, dep.settings))
     restarted = threading.Event()
-    feeder = Feeder(dep, steps, pace=0.15, gate=restarted, gate_at=at(SPLIT))
+    feeder = Feeder(dep, steps, pace=0.2, gate=restarted, gate_at=at(SPLIT))
 
     def before_kill(rs: list[ConsumedRecord]) -> bool:
         recs = [r.record for r in rs]
-        return (
-            len(recs) >= 60
-            and any(isinstance(r, OperationState) and r.operation_id == "op-hold" for r in recs)
-            and any(
-                isinstance(r, ExecutionState)
-                and r.execution_id == "hold-ok"
-                and r.last_sequence == 2
-                for r in recs
-            )
+        hold_op = any(isinstance(r, OperationState) and r.operation_id == "op-hold" for r in recs)
+        hold_ok = any(
+            isinstance(r, ExecutionState) and r.execution_id == "hold-ok" and r.last_sequence == 2
+            for r in recs
         )
+        return len(recs) >= 40 and hold_op and hold_ok
 
-    with worker(dep) as w:
-        feeder.start()
-        wait_for(dep, before_kill, timeout=90)
-        kill_hard(w)
-        killed_at = feeder.sent
-    assert killed_at < len(steps), "the stream was over before the kill"
-    with worker(dep):
+    try:
+        with worker(dep) as w:
+            feeder.start()
+            states = [dep.topics.execution_state.name, dep.topics.operation_state.name]
+            wait_for(dep, before_kill, 90, states)
+            kill_hard(w)
+        assert feeder.sent < gate_index, "the first part of the stream was over before the kill"
+        with worker(dep):
+            restarted.set()
+            feeder.finish()
+            outcome.got = until_complete(dep, outcome.expected)
+    except BaseException as exc:
+        outcome.error = exc
+    finally:
         restarted.set()
-        feeder.finish()
-        got = until_complete(dep, expected)
+    return outcome
 
-    assert_same_as_offline(got, expected)
-    records = [r.record for r in got]
-    items = {
-        r.work_item_id
-        for r in records
-        if isinstance(r, ReconciliationWorkItem) and r.operation_id == "op-hold"
-    }
-    unknown = {
-        r.state_id
+
+RUNNING: list[Restarts] = []
+
+
+class Restarts:
+    """The kill-and-restart scenarios, one per store, running in background threads."""
+
+    def __init__(self, cluster: Any, tmp_path_factory: Any) -> None:
+        self.results: dict[str, Outcome] = {}
+        self.threads = {
+            name: threading.Thread(
+                target=self._run, args=(name, cluster, tmp_path_factory.mktemp(name), store)
+            )
+            for name, store in STORES.items()
+        }
+        for t in self.threads.values():
+            t.start()
+        RUNNING.append(self)
+
+    def _run(self, name: str, cluster: Any, tmp_path: Path, store: str) -> None:
+        self.results[name] = kill_and_restart(cluster, tmp_path, store)
+
+    def result(self, name: str) -> Outcome:
+        self.threads[name].join(300)
+        return self.results.get(name) or Outcome(error=AssertionError(f"{name} never finished"))
+
+    def join(self) -> None:
+        for name in self.threads:
+            self.result(name)
+
+
+@pytest.fixture(scope="module")
+def restarts(cluster, tmp_path_factory) -> Iterator[Restarts]:
+    """Started by the first test that asks for it and run in the background: a restarted
+    worker waits out the dead member's session (Faust's broker_session_timeout, 60 s) before
+    it gets partitions, and the file has 4 minutes. Joined before the broker test."""
+    runs = Restarts(cluster, tmp_path_factory)
+    yield runs
+    runs.join()
+
+
+def check_restart(outcome: Outcome) -> None:
+    if outcome.error is not None:
+        raise outcome.error
+    got, expected = outcome.got, outcome.expected
+    final_states(got, expected)
+    live, _ = split(got, expected)
+    records = list(live.values())
+    items = [r for r in records if isinstance(r, ReconciliationWorkItem)]
+    assert len([r for r in items if r.operation_id == "op-hold"]) == 1
+    unknown = [
+        r
         for r in records
         if isinstance(r, OperationState)
         and r.operation_id == "op-hold"
         and r.status == OperationStatus.UNKNOWN
-    }
-    assert len(items) == 1 and len(unknown) == 1
-    assert any(
-        isinstance(r, Anomaly)
-        and r.execution_id == "hold-st"
-        and r.kind == AnomalyKind.ILLEGAL_TRANSITION
-        for r in records
-    )
-    (done,) = {
-        r.state_id: r
-        for r in records
-        if isinstance(r, ExecutionState) and r.execution_id == "hold-ok" and r.terminal
-    }.values()
+    ]
+    assert len(unknown) == 1 and unknown[0].since == at(SPLIT + 20)
+    assert [r.kind for r in records if isinstance(r, Anomaly) and r.execution_id == "hold-st"] == [
+        AnomalyKind.ILLEGAL_TRANSITION
+    ]
+    (done,) = [r for r in records if isinstance(r, ExecutionState) and r.execution_id == "hold-ok"][
+        -1:
+    ]
     assert done.status == S.COMPLETED and done.first_seen_at == at(1)
-    final_states(got, expected)
+    assert_same_as_offline(got, expected)
 
 
-def test_kill_9_and_restart_memory_store(cluster, tmp_path: Path) -> None:
-    kill_and_restart(cluster, tmp_path, "memory://")
-
-
-ROCKSDB = importlib.util.find_spec("rocksdict") or importlib.util.find_spec("rocksdb")
-
-
-@pytest.mark.skipif(
-    ROCKSDB is None, reason="no RocksDB binding for Faust installed (pip install rocksdict)"
+KNOWN = (ReprocessedAsAnomaly, MissingOutputs)
+BUGS = (
+    "(1) inputs already applied are processed again after a restart or a rebalance (redelivery "
+    "from the last committed offset; Faust's recovery also hands some records over twice) and "
+    "judged against tables that hold their effect: DUPLICATE/OUT_OF_ORDER/AFTER_TERMINAL "
+    "anomalies + ANOMALY alerts a single run never publishes, no offset check in "
+    "streams/processor.py Processor._handle; (2) intermittently an input is skipped after a "
+    "rebalance (faust Consumer gap-acks offsets jumped over after recovery's second seek), its "
+    "outputs are missing"
 )
-def test_kill_9_and_restart_rocksdb_store(cluster, tmp_path: Path) -> None:
-    # faust-streaming's rocksdb:// store uses rocksdict when python-rocksdb is absent
-    kill_and_restart(cluster, tmp_path, "rocksdb://")
 
 
 # -- 3: a worker leaves and rejoins ---------------------------------------------------------
-def test_worker_leaves_and_rejoins_under_load(cluster, tmp_path: Path) -> None:
+def assigned_inputs(proc: Any, dep: Deployment) -> set[int]:
+    """The partitions of the execution-status topic in the worker's latest assignment (from
+    the table Faust logs after "Setting newly assigned partitions")."""
+    text = proc.log_path.read_text(errors="replace")
+    last = text.rsplit("Setting newly assigned partitions", 1)
+    if len(last) < 2:
+        return set()
+    table = last[1].split("for group", 1)[0]
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 2 and cells[0] == dep.topics.execution_status.name:
+            spec = cells[1].strip("{}")
+            out: set[int] = set()
+            for part in spec.split(","):
+                lo, _, hi = part.partition("-")
+                out.update(range(int(lo), int(hi or lo) + 1))
+            return out
+    return set()
+
+
+def settled(workers: list[Any], dep: Deployment, timeout: float = 60) -> list[set[int]]:
+    """Wait until the workers' latest assignments split all partitions between them, each
+    worker holding some."""
+    deadline = time.monotonic() + timeout
+    while True:
+        parts = [assigned_inputs(w, dep) for w in workers]
+        together = sorted(p for ps in parts for p in ps)
+        if all(parts) and together == list(range(dep.settings.partitions)):
+            return parts
+        assert time.monotonic() < deadline, f"assignments never settled: {parts}"
+        time.sleep(0.5)
+
+
+@pytest.mark.xfail(strict=True, raises=KNOWN, reason=BUGS)
+def test_worker_leaves_and_rejoins_under_load(cluster, tmp_path: Path, restarts) -> None:
+    """a and b share the partitions; b leaves (SIGTERM) and its partitions move to a; b2
+    joins and takes some back; all while the stream is being produced. (``restarts`` only to
+    run the kill scenarios meanwhile.)"""
     dep = deployment(cluster, tmp_path, partitions=4)
     steps = steady_stream(48, every=1.0)
     expected = offline(steps, dep.settings)
@@ -423,47 +658,68 @@ def test_worker_leaves_and_rejoins_under_load(cluster, tmp_path: Path) -> None:
     with contextlib.ExitStack() as stack:
         a = stack.enter_context(worker(dep, extra_args=["--data-dir", str(tmp_path / "a")]))
         b = stack.enter_context(worker(dep, extra_args=["--data-dir", str(tmp_path / "b")]))
+        settled([a, b], dep)
         feeder.start()
-        first = len(wait_for(dep, more_than(50), timeout=90))
-        sigterm(b)  # leaves: its partitions move to a
-        second = len(wait_for(dep, more_than(first + 100), timeout=90))
-        stack.enter_context(worker(dep, extra_args=["--data-dir", str(tmp_path / "b2")]))
+        first = len(wait_for(dep, more_than(100), timeout=60))
+        sigterm(b)
+        settled([a], dep)  # b's partitions moved to a
+        second = len(wait_for(dep, more_than(first + 100), timeout=60))
+        b2 = stack.enter_context(worker(dep, extra_args=["--data-dir", str(tmp_path / "b2")]))
         assert feeder.sent < len(steps), "the stream was over before the rejoin"
-        wait_for(dep, more_than(second + 100), timeout=90)
+        settled([a, b2], dep)  # partitions come back
+        wait_for(dep, more_than(second + 100), timeout=60)
         feeder.finish()
         got = until_complete(dep, expected)
-        assert a.poll() is None
-    assert_same_as_offline(got, expected)
+        assert a.poll() is None and b2.poll() is None
     final_states(got, expected)
+    assert_same_as_offline(got, expected)
+
+
+# -- 1 and 2, results ---------------------------------------------------------------------
+@pytest.mark.xfail(strict=True, raises=KNOWN, reason=BUGS)
+def test_kill_9_and_restart_memory_store(restarts) -> None:
+    check_restart(restarts.result("memory"))
+
+
+@pytest.mark.skipif("rocksdb" not in STORES, reason="no RocksDB binding (pip install rocksdict)")
+@pytest.mark.xfail(strict=True, raises=KNOWN, reason=BUGS)
+def test_kill_9_and_restart_rocksdb_store(restarts) -> None:
+    check_restart(restarts.result("rocksdb"))
 
 
 # -- 4: the broker restarts (last: it disturbs everyone on the cluster) ---------------------
 def test_broker_restart_during_processing(cluster, cluster_origin, tmp_path: Path) -> None:
+    """The local broker is stopped (SIGTERM) and started again while the worker processes a
+    steady stream; the worker stays up, reconnects and carries on; the broker is left up."""
     if cluster_origin != "local":
         pytest.skip(f"the broker can only be restarted on the local stack, not {cluster_origin}")
     from streams import localstack
 
+    for runs in RUNNING:
+        runs.join()  # never restart the broker under the kill scenarios
     dep = deployment(cluster, tmp_path, partitions=3)
-    steps = steady_stream(30)
+    steps = steady_stream(20)
     expected = offline(steps, dep.settings)
-    feeder = Feeder(dep, steps, pace=0.2)
+    # Production pauses while the broker is away: records in flight across a broker restart
+    # were seen written twice (despite enable.idempotence), and the offsets would then no
+    # longer be the ones offline() assumes.
+    resume = threading.Event()
+    feeder = Feeder(dep, steps, pace=0.1, gate=resume, gate_at=at(35))
     try:
         with worker(dep) as w:
             feeder.start()
-            wait_for(dep, lambda rs: len(rs) > 60, timeout=90)
-            localstack.down(services=("kafka",))
+            assert feeder.at_gate.wait(90), "the first half of the stream was never produced"
+            done_before = len(read_now(dep, outputs(dep)))
+            localstack.down(services=("kafka",))  # while the worker digests the first half
             time.sleep(3)
             localstack.up()
-            assert feeder.sent < len(steps), "the stream was over before the broker restart"
+            resume.set()
             feeder.finish()
-            got = until_complete(dep, expected, timeout=180)
+            got = until_complete(dep, expected, quiet=30, timeout=180)
             assert w.poll() is None, "the worker died with the broker"
     finally:
+        resume.set()
         localstack.up()
+    assert 0 < done_before < len(expected)
     assert_same_as_offline(got, expected)
     final_states(got, expected)
-
-
-@contextlib.contextmanager
-def _noop() -> Iterator[None]:
-    yield
