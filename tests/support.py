@@ -83,7 +83,10 @@ class Deployment:
         )
 
     def read_until(
-        self, topics: list[str], done: Callable[[list[ConsumedRecord]], bool], timeout: float = 120.0
+        self,
+        topics: list[str],
+        done: Callable[[list[ConsumedRecord]], bool],
+        timeout: float = 120.0,
     ) -> list[ConsumedRecord]:
         deadline = time.monotonic() + timeout
         got: list[ConsumedRecord] = []
