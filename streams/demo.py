@@ -10,6 +10,7 @@ stops everything it started.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -140,6 +141,7 @@ def run_demo(pace: float = 0.15, keep: bool = False, console: Console | None = N
     reader = threading.Thread(
         target=_show, args=(settings, codec, topics, console, stop, seen), daemon=True
     )
+    producer: RecordProducer | None = None
     try:
         _wait_ready(worker, workdir / "worker.log", console)
         reader.start()
@@ -166,6 +168,10 @@ def run_demo(pace: float = 0.15, keep: bool = False, console: Console | None = N
     finally:
         stop.set()
         _stop(worker)
+        if reader.is_alive():
+            reader.join(10)
+        producer = None  # release the Kafka client before its broker goes away
+        gc.collect()
         if started_cluster and not keep:
             localstack.down()
             console.print("Local broker and registry stopped (keep them with --keep).")
@@ -260,12 +266,28 @@ def _show(
         time.sleep(0.2)
 
 
-def _wait_quiet(seen: list[Record], console: Console, quiet: float = 4.0) -> None:
+def _wait_quiet(
+    seen: list[Record], console: Console, quiet: float = 4.0, limit: float = 120.0
+) -> None:
+    """Until the last verdict at the reference time is out and nothing new came for ``quiet``
+    seconds (a fresh broker may take a while to accept the first records), at most ``limit``."""
+    began = time.monotonic()
+
+    def done() -> bool:
+        return any(
+            isinstance(r, ApprovalVerdict)
+            and r.request_id == "req-export"
+            and r.verdict == "WAITING"
+            for r in seen
+        )
+
     with console.status("Waiting for the last outputs…"):
         last, n = time.monotonic(), -1
-        while time.monotonic() - last < quiet:
+        while time.monotonic() - began < limit:
             if len(seen) != n:
                 n, last = len(seen), time.monotonic()
+            if done() and time.monotonic() - last >= quiet:
+                return
             time.sleep(0.3)
 
 
