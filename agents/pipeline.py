@@ -51,6 +51,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         closed=_table(app, "closed-executions", n),
         operations=_table(app, "operations", n),
         approvals=_table(app, "approvals", n),
+        clocks=_table(app, "partition-clocks", n),
     )
     processor = Processor.from_settings(settings, topics, stores)
     sinks = {

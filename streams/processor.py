@@ -73,6 +73,9 @@ class Stores:
     closed: Store = field(default_factory=dict)
     operations: Store = field(default_factory=dict)
     approvals: Store = field(default_factory=dict)
+    #: partition number (as text) -> PartitionClock, saved whenever its watermark moves, so
+    #: that a restart or a rebalance does not wait for every input to tick again.
+    clocks: Store = field(default_factory=dict)
 
 
 @dataclass
@@ -199,7 +202,7 @@ class Processor:
             out.append(self._anomaly(env, record, refusal))
             return out
         t: datetime = record.occurred_at  # type: ignore[attr-defined]
-        clock = self.clocks.get(env.partition)
+        clock = self._clock(env.partition)
         if clock is not None and clock.is_late(t):
             # Behind the watermark: its time has been judged already. Applied at once (it is
             # still a fact); its effect shows from the next evaluated instant.
@@ -244,7 +247,7 @@ class Processor:
             return AnomalyFinding(
                 AnomalyKind.TIME_OUT_OF_RANGE, f"event time {t.isoformat()} is before 1971"
             )
-        clock = self.clocks.get(env.partition)
+        clock = self._clock(env.partition)
         if clock is None:
             return None  # held, and judged when the partition's watermark comes
         # Against the newest time of the record's own topic partition (its ticks included):
@@ -438,15 +441,28 @@ class Processor:
     def _observe(self, env: Envelope, t: datetime, out: list[Emission]) -> None:
         if env.topic not in self.input_names:
             return
-        clock = self.clocks.get(env.partition) or PartitionClock.start(self.input_names)
+        clock = self._clock(env.partition) or PartitionClock.start(self.input_names)
         before = clock.watermark
         clock = clock.observe(env.topic, t)
         self.clocks[env.partition] = clock
         after = clock.watermark
+        if after != before:
+            self.stores.clocks[str(env.partition)] = clock.model_dump_json()
         if after is not None and before is None:
             self._on_first_watermark(env.partition, after, out)
         if after is not None and (before is None or after > before):
             self._on_watermark(env.partition, after, out)
+
+    def _clock(self, partition: int) -> PartitionClock | None:
+        clock = self.clocks.get(partition)
+        if clock is None:
+            stored = self.stores.clocks.get(str(partition))
+            if stored is not None:
+                clock = PartitionClock.model_validate_json(stored)
+                if set(clock.inputs) != set(self.input_names):
+                    return None  # the input topics changed: start afresh
+                self.clocks[partition] = clock
+        return clock
 
     def _on_watermark(self, partition: int, watermark: datetime, out: list[Emission]) -> None:
         """Process, in time order, every held event and every deadline strictly before the

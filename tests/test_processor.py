@@ -258,3 +258,18 @@ def test_closed_executions_are_forgotten_after_the_retention() -> None:
     assert [r.kind for r in handle(proc, late) if isinstance(r, Anomaly)] == ["AFTER_TERMINAL"]
     ticks(proc, T0 + td(hours=3))
     assert "ex-c" not in proc.stores.closed
+
+
+def test_restart_keeps_stream_time_so_redelivered_events_need_no_new_ticks() -> None:
+    """Ticks already acknowledged are not delivered again after a restart: the partition's
+    clock is kept in a table, so the events Kafka delivers again are not stuck waiting."""
+    stores = Stores()
+    first = Processor(TOPICS, stores)
+    event = sent("op-1", reply_due_at=T0 + timedelta(seconds=30))
+    first.handle(env(event))  # held, never acknowledged
+    ticks(first, T0 - timedelta(seconds=1))  # the watermark exists, but is before the event
+    ticks(first, T0 + timedelta(minutes=1))
+    second = Processor(TOPICS, stores)  # restart: memory gone, tables kept
+    del stores.operations["ex-1"]  # as if the event's effect had not reached the changelog
+    out = [e.record for e in second.handle(env(event))]  # Kafka delivers it again
+    assert any(isinstance(r, OperationState) for r in out)
