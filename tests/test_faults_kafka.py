@@ -512,13 +512,13 @@ def kill_and_restart(cluster: Any, tmp_path: Path, store: str) -> Outcome:
         return len(recs) >= 40 and hold_op and hold_ok
 
     try:
-        with worker(dep) as w:
+        with worker(dep, reticks=False) as w:
             feeder.start()
             states = [dep.topics.execution_state.name, dep.topics.operation_state.name]
             wait_for(dep, before_kill, 90, states)
             kill_hard(w)
         assert feeder.sent < gate_index, "the first part of the stream was over before the kill"
-        with worker(dep):
+        with worker(dep, reticks=False):
             restarted.set()
             feeder.finish()
             outcome.got = until_complete(dep, outcome.expected)
@@ -656,15 +656,21 @@ def test_worker_leaves_and_rejoins_under_load(cluster, tmp_path: Path, restarts)
         return lambda rs: len(rs) > n
 
     with contextlib.ExitStack() as stack:
-        a = stack.enter_context(worker(dep, extra_args=["--data-dir", str(tmp_path / "a")]))
-        b = stack.enter_context(worker(dep, extra_args=["--data-dir", str(tmp_path / "b")]))
+        a = stack.enter_context(
+            worker(dep, reticks=False, extra_args=["--data-dir", str(tmp_path / "a")])
+        )
+        b = stack.enter_context(
+            worker(dep, reticks=False, extra_args=["--data-dir", str(tmp_path / "b")])
+        )
         settled([a, b], dep)
         feeder.start()
         first = len(wait_for(dep, more_than(100), timeout=60))
         sigterm(b)
         settled([a], dep)  # b's partitions moved to a
         second = len(wait_for(dep, more_than(first + 100), timeout=60))
-        b2 = stack.enter_context(worker(dep, extra_args=["--data-dir", str(tmp_path / "b2")]))
+        b2 = stack.enter_context(
+            worker(dep, reticks=False, extra_args=["--data-dir", str(tmp_path / "b2")])
+        )
         assert feeder.sent < len(steps), "the stream was over before the rejoin"
         settled([a, b2], dep)  # partitions come back
         wait_for(dep, more_than(second + 100), timeout=60)
@@ -706,7 +712,7 @@ def test_broker_restart_during_processing(cluster, cluster_origin, tmp_path: Pat
     resume = threading.Event()
     feeder = Feeder(dep, steps, pace=0.1, gate=resume, gate_at=at(35))
     try:
-        with worker(dep) as w:
+        with worker(dep, reticks=False) as w:
             feeder.start()
             assert feeder.at_gate.wait(90), "the first half of the stream was never produced"
             done_before = len(read_now(dep, outputs(dep)))
