@@ -56,6 +56,7 @@ DEFAULT_REGISTRY_PORT = 18081
 CCOMPAT_PATH = "/apis/ccompat/v7"
 
 KAFKA_HEAP = "-Xmx1g"
+REGISTRY_MAX_SUBJECTS = 1_000_000
 REGISTRY_HEAP = "-Xmx512m"
 
 SERVICES = ("kafka", "registry")
@@ -584,6 +585,10 @@ def _command(s: Settings, service: str) -> list[str]:
         "-Dapicurio.datasource.jdbc.initial-size=2",
         "-Dapicurio.datasource.jdbc.min-size=2",
         "-Dquarkus.http.access-log.enabled=false",
+        # GET /subjects answers at most this many subjects (Apicurio's default is 1000). Every
+        # test deployment registers a score of topic-record subjects, so a long-lived dev
+        # stack passes 1000 quickly and a subject listing would silently come back cut short.
+        f"-Dapicurio.ccompat.max-subjects={REGISTRY_MAX_SUBJECTS}",
         # The packaged format prints dates like "2025-06+00-09"; use a readable one.
         "-Dquarkus.log.console.format=%d{yyyy-MM-dd HH:mm:ss,SSS} %-5p [%c{3.}] (%t) %s%e%n",
         "-jar",

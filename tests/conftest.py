@@ -22,7 +22,7 @@ from typing import Literal
 import pytest
 
 from streams import localstack
-from streams.localstack import CCOMPAT_PATH, Cluster
+from streams.localstack import CCOMPAT_PATH, REGISTRY_MAX_SUBJECTS, Cluster
 
 Origin = Literal["env", "docker", "local"]
 
@@ -122,6 +122,7 @@ class _containers:
         self.registry = (
             DockerContainer(REGISTRY_IMAGE)
             .with_exposed_ports(8080)
+            .with_env("APICURIO_CCOMPAT_MAX_SUBJECTS", str(REGISTRY_MAX_SUBJECTS))
             .waiting_for(
                 HttpWaitStrategy(8080, f"{CCOMPAT_PATH}/subjects")
                 .for_status_code(200)
