@@ -10,16 +10,24 @@ time, never the send time.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
+import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import faust
+from faust.streams import _current_event
+from faust.types import TP
 
+from streams.admin import admin_client
 from streams.codec import AvroCodec
 from streams.envelope import SafeAvroSchema
 from streams.feed import Feed
 from streams.metrics import Metrics
+from streams.offsets import Check, OffsetGuard
 from streams.processor import Emission, Processor, Stores
 from streams.settings import Settings
 from streams.topics import Topics
@@ -33,8 +41,10 @@ def _table(app: faust.App, name: str, partitions: int) -> Any:
         name,
         default=None,
         partitions=partitions,
-        # Keys as JSON strings survive changelog recovery as ``str``; values are the JSON
-        # text of core state models (``raw``: recovered as bytes, which pydantic reads too).
+        # Keys as JSON strings survive changelog recovery as ``str``. Values are text (an
+        # execution entry, a clock's JSON); the changelog takes the table's own serializer
+        # (JSON, whatever the schema says), so a value travels as a JSON string and is
+        # recovered as ``str``.
         schema=faust.Schema(
             key_type=str, value_type=bytes, key_serializer="json", value_serializer="raw"
         ),
@@ -47,13 +57,17 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     source = app.topic(*(t.name for t in topics.inputs()), schema=schema)
     n = settings.partitions
     stores = Stores(
-        inflight=_table(app, "inflight-executions", n),
-        closed=_table(app, "closed-executions", n),
-        operations=_table(app, "operations", n),
-        approvals=_table(app, "approvals", n),
+        executions=_table(app, "executions", n),
         clocks=_table(app, "partition-clocks", n),
     )
-    processor = Processor.from_settings(settings, topics, stores)
+
+    def committed(topic: str, partition: int) -> int | None:
+        consumer = getattr(app, "consumer", None)
+        return None if consumer is None else consumer._committed_offset.get(TP(topic, partition))
+
+    processor = Processor.from_settings(
+        settings, topics, stores, write_behind=True, committed=committed
+    )
     sinks = {
         spec.name: app.topic(
             spec.name,
@@ -65,46 +79,153 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         for spec in topics.outputs()
     }
     feed = Feed()
-    metrics = Metrics(processor, lambda: _lag(app))
+    guard = OffsetGuard()
+    metrics = Metrics(processor, lambda: _lag(app), guard)
     register_web(app, processor, feed, settings, metrics)
     app.vigil_processor = processor  # type: ignore[attr-defined]
+    rebalances = [0]
+    last_seek: dict[tuple[str, int], float] = {}
 
-    async def send(em: Emission) -> None:
+    async def send(em: Emission) -> Any:
         ts = em.timestamp_ms
-        await sinks[em.topic].send(
+        return await sinks[em.topic].send(
             key=em.key.encode() if em.key is not None else None,
             value=codec.encode(em.topic, em.record),
             timestamp=ts / 1000.0 if ts is not None else None,
             headers=list((k, v.encode()) for k, v in em.headers) or None,
         )
 
+    async def admit(event: Any) -> bool:
+        """The offset guard: whether to process ``event`` (see ``streams/offsets.py``)."""
+        msg = event.message
+        tp = (msg.topic, msg.partition)
+        if not guard.knows(tp):
+            start = await asyncio.to_thread(_committed_offsets, settings, [tp])
+            guard.start(tp, start[tp])
+        check = guard.check(tp, msg.offset, retry=time.monotonic() - last_seek.get(tp, 0) > 1)
+        if check in (Check.NEXT, Check.AGAIN):
+            return True
+        if check is Check.HOLE:
+            log.error("offsets %s..%s of %s were never delivered: accepted", *tp, msg.offset)
+            return True
+        if check is Check.SEEK:
+            earliest = await asyncio.to_thread(_earliest_offset, settings, tp)
+            if guard.give_up(tp, earliest):
+                log.error("%s[%s]: offsets below %s were deleted before processing", *tp, earliest)
+                if guard.check(tp, msg.offset, retry=True) in (Check.NEXT, Check.AGAIN):
+                    return True
+            want = guard.expected[tp]
+            log.warning(
+                "%s[%s]: handed offset %s while %s was next; seeking back", *tp, msg.offset, want
+            )
+            last_seek[tp] = time.monotonic()
+            gaps = getattr(app.consumer, "_gap", None)
+            if gaps is not None and msg.tp in gaps:
+                gaps[msg.tp].clear()  # the skipped offsets are not acknowledged: they come again
+            await app.consumer.seek(msg.tp, want)
+        return False
+
+    @contextlib.contextmanager
+    def in_partition(event: Any) -> Iterator[None]:
+        # A Faust table writes to the changelog partition of the event being processed.
+        token = _current_event.set(weakref.ref(event))
+        try:
+            yield
+        finally:
+            _current_event.reset(token)
+
+    async def process(batch: list[Any]) -> None:
+        generation = rebalances[0]
+        assignment = app.consumer.assignment()
+        emissions: list[Emission] = []
+        last: dict[int, Any] = {}
+        for event in batch:
+            if event.message.tp not in assignment or not await admit(event):
+                continue
+            if rebalances[0] != generation:
+                return  # forget_partitions dropped this batch's state: it comes again
+            last[event.message.partition] = event
+            emissions.extend(processor.handle(event.value, token=event))
+        # 1. the outputs, delivered
+        sent = [await send(em) for em in emissions]
+        if sent:
+            await app.producer.flush()
+            await asyncio.gather(*sent)
+        if rebalances[0] != generation:
+            return
+        # 2. then the state that says they were published, delivered
+        for p in processor.state.dirty_partitions():
+            with in_partition(last[p]):
+                processor.flush(p)
+        await app.producer.flush()
+        if rebalances[0] != generation:
+            return
+        # 3. then the clocks, and the inputs may be committed
+        for p in list(processor.dirty_partitions()):
+            if p in last:
+                with in_partition(last[p]):
+                    processor.flush_clocks(p)
+        for done in processor.drain_done():
+            done.ack()
+        if emissions:
+            feed.publish(em.record for em in emissions)
+            now = time.time()
+            for event in batch:
+                if event.message.timestamp:
+                    metrics.latency.observe(max(0.0, now - event.message.timestamp))
+
     @app.agent(source, name="vigil-pipeline", concurrency=1)
     async def pipeline(stream: faust.StreamT) -> None:
         # Manual acknowledgement: an event held until the watermark passes its time is not
         # acknowledged, so its offset is not committed, and after a crash or a rebalance
-        # Kafka delivers it again. Acknowledged only once processed and its outputs are in
-        # the producer (Faust flushes the producer before it commits).
-        async for event in stream.noack().events():
-            emissions = processor.handle(event.value, token=event)
-            for em in emissions:
-                await send(em)
-            for done in processor.drain_done():
-                done.ack()
-            if emissions:
-                feed.publish(em.record for em in emissions)
-                ts = event.message.timestamp
-                if ts:
-                    metrics.latency.observe(max(0.0, time.time() - ts))
+        # Kafka delivers it again. Acknowledged only once processed, its outputs delivered
+        # and the state that reflects it written.
+        async for batch in stream.noack_take(
+            settings.batch_size, within=settings.batch_wait.total_seconds()
+        ):
+            await process(batch)
 
     @app.on_partitions_revoked.connect
     async def _revoked(app: faust.App, revoked: Any, **_: Any) -> None:
+        rebalances[0] += 1
         processor.forget_partitions()
+        guard.reset()
 
     @app.on_partitions_assigned.connect
     async def _assigned(app: faust.App, assigned: Any, **_: Any) -> None:
+        rebalances[0] += 1
         processor.forget_partitions()
+        guard.reset()
 
     return processor
+
+
+def _committed_offsets(
+    settings: Settings, tps: list[tuple[str, int]]
+) -> dict[tuple[str, int], int]:
+    """The group's committed offsets from the broker (the log start where none is)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    from confluent_kafka import TopicPartition as CTP
+
+    admin = admin_client(settings)
+    request = ConsumerGroupTopicPartitions(settings.app_id, [CTP(t, p) for t, p in tps])
+    result = admin.list_consumer_group_offsets([request])[settings.app_id].result(timeout=30)
+    out: dict[tuple[str, int], int] = {}
+    for tp in result.topic_partitions:
+        key = (tp.topic, tp.partition)
+        out[key] = tp.offset if tp.offset >= 0 else _earliest_offset(settings, key)
+    return out
+
+
+def _earliest_offset(settings: Settings, tp: tuple[str, int]) -> int:
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as CTP
+
+    c = Consumer(settings.confluent_conf() | {"group.id": f"{settings.app_id}-offsets"})
+    try:
+        return c.get_watermark_offsets(CTP(*tp), timeout=30)[0]
+    finally:
+        c.close()
 
 
 def _lag(app: faust.App) -> dict[tuple[str, int], int]:

@@ -830,7 +830,7 @@ def table_bytes(base: Settings, workdir: Path, inflight: int) -> dict[str, Any]:
         for tp in dep.inputs:
             tick = ClockTick(ticker_id="m", partition=p, occurred_at=from_ms(last))
             proc.handle(Envelope(tp, p, 0, last, None, None, tick, None))
-    st = proc.stores
+    st = proc
     per_table = {
         name: sum(len(k) + len(v) for k, v in d.items()) / inflight
         for name, d in (
@@ -840,6 +840,9 @@ def table_bytes(base: Settings, workdir: Path, inflight: int) -> dict[str, Any]:
             ("approvals", st.approvals),
         )
     }
+    per_table["entry (all of it, as stored)"] = (
+        sum(len(k) + len(v) for k, v in proc.stores.executions.items()) / inflight
+    )
     return {
         "executions": inflight,
         "in_flight_after": len(st.inflight),

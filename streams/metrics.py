@@ -16,13 +16,20 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from streams.core import approvals as ap
 from streams.core import operations as ops
 from streams.models.enums import OperationStatus
+from streams.offsets import OffsetGuard
 from streams.processor import Processor
 
 
 class VigilCollector:
-    def __init__(self, processor: Processor, lag: Callable[[], dict[tuple[str, int], int]]):
+    def __init__(
+        self,
+        processor: Processor,
+        lag: Callable[[], dict[tuple[str, int], int]],
+        guard: OffsetGuard | None = None,
+    ):
         self.processor = processor
         self.lag = lag
+        self.guard = guard
 
     def collect(self) -> Iterator[Any]:
         c = self.processor.counters
@@ -43,12 +50,30 @@ class VigilCollector:
         dl = CounterMetricFamily("vigil_dead_letters", "Records sent to the dead-letter topic")
         dl.add_metric([], c.dead_letters)
         yield dl
+        again = CounterMetricFamily(
+            "vigil_inputs_redelivered",
+            "Inputs Kafka delivered again whose effect the state already held (skipped)",
+        )
+        again.add_metric([], c.redelivered)
+        yield again
+        if self.guard is not None:
+            seeks = CounterMetricFamily(
+                "vigil_offset_seeks", "Seeks back after the consumer skipped input offsets"
+            )
+            seeks.add_metric([], self.guard.seeks)
+            yield seeks
+            lost = CounterMetricFamily(
+                "vigil_offsets_never_delivered",
+                "Input offsets accepted as missing (deleted by retention, or transaction markers)",
+            )
+            lost.add_metric([], self.guard.skipped_records)
+            yield lost
         anomalies = CounterMetricFamily("vigil_anomalies", "Anomalies by kind", labels=["kind"])
         for kind, n in sorted(c.anomalies.items()):
             anomalies.add_metric([str(kind)], n)
         yield anomalies
 
-        stores = self.processor.stores
+        stores = self.processor
         inflight = GaugeMetricFamily("vigil_executions_in_flight", "Executions in flight")
         inflight.add_metric([], len(stores.inflight))
         yield inflight
@@ -87,9 +112,14 @@ class VigilCollector:
 
 
 class Metrics:
-    def __init__(self, processor: Processor, lag: Callable[[], dict[tuple[str, int], int]]):
+    def __init__(
+        self,
+        processor: Processor,
+        lag: Callable[[], dict[tuple[str, int], int]],
+        guard: OffsetGuard | None = None,
+    ):
         self.registry = CollectorRegistry()
-        self.registry.register(VigilCollector(processor, lag))  # type: ignore[arg-type]
+        self.registry.register(VigilCollector(processor, lag, guard))  # type: ignore[arg-type]
         self.latency = Histogram(
             "vigil_processing_latency_seconds",
             "From an input record's timestamp to the send of its outputs (for live traffic, "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -45,6 +45,7 @@ from streams.models.outputs import (
 )
 from streams.partitioning import partition_of
 from streams.settings import Settings
+from streams.state import ExecutionStore
 from streams.topics import Topics
 
 EARLIEST_PLAUSIBLE = datetime(1971, 1, 1, tzinfo=UTC)
@@ -66,13 +67,11 @@ class Emission:
 
 @dataclass
 class Stores:
-    """The worker's tables (Faust tables live; dicts in tests and replays). Values are the
-    JSON-able dumps of the core's state models."""
+    """The worker's tables (Faust tables live; dicts in tests and replays)."""
 
-    inflight: Store = field(default_factory=dict)
-    closed: Store = field(default_factory=dict)
-    operations: Store = field(default_factory=dict)
-    approvals: Store = field(default_factory=dict)
+    #: execution id -> everything known of it (``streams.state.Entry``, encoded): its slot,
+    #: operations, approvals and the inputs it has applied, in one atomic record.
+    executions: Store = field(default_factory=dict)
     #: partition number (as text) -> PartitionClock, saved whenever its watermark moves, so
     #: that a restart or a rebalance does not wait for every input to tick again.
     clocks: Store = field(default_factory=dict)
@@ -87,6 +86,9 @@ class Counters:
     dead_letters: int = 0
     verdicts: Counter[str] = field(default_factory=Counter)
     anomalies: Counter[str] = field(default_factory=Counter)
+    #: inputs Kafka delivered again after a restart or rebalance whose effect the state
+    #: already held: skipped, their outputs were published the first time
+    redelivered: int = 0
 
 
 class Processor:
@@ -101,9 +103,24 @@ class Processor:
         policies: dict[str, ap.ThresholdOverrides] | None = None,
         closed_retention: timedelta = timedelta(hours=24),
         orphan_after: timedelta = timedelta(hours=1),
+        write_behind: bool = False,
+        committed: Callable[[str, int], int | None] | None = None,
     ) -> None:
+        """``write_behind``: state changes stay in the cache until ``flush`` (the live worker
+        flushes once a batch's outputs are delivered); otherwise every ``handle`` flushes.
+        ``committed`` (topic, partition -> committed offset), given by the live worker, turns
+        on redelivery detection: the input positions each execution applied are kept in its
+        entry until the committed offset passes them."""
         self.topics = topics
         self.stores = stores
+        self.state = ExecutionStore(stores.executions)
+        self.inflight = self.state.view("inflight")
+        self.closed = self.state.view("closed")
+        self.operations = self.state.view("operations")
+        self.approvals = self.state.view("approvals")
+        self.write_behind = write_behind
+        self.committed = committed
+        self._clocks_dirty: set[int] = set()
         self.partitions = topics.execution_status.partitions
         self.input_names = tuple(t.name for t in topics.inputs())
         self.max_future_skew = max_future_skew
@@ -135,12 +152,16 @@ class Processor:
         }
 
     @classmethod
-    def from_settings(cls, settings: Settings, topics: Topics, stores: Stores) -> Processor:
-        """The processor the worker and the replay both run, configured alike."""
+    def from_settings(
+        cls, settings: Settings, topics: Topics, stores: Stores, **live: Any
+    ) -> Processor:
+        """The processor the worker and the replay both run, configured alike (``live``:
+        the worker's ``write_behind`` and ``committed``)."""
         policies = settings.policies()
         return cls(
             topics,
             stores,
+            **live,
             max_future_skew=settings.max_future_skew,
             operation_config=policies.operations,
             thresholds=policies.thresholds,
@@ -157,8 +178,32 @@ class Processor:
         self.clocks.clear()
         self.due.clear()
         self.dirty.clear()
-        # Held events were never acknowledged: Kafka redelivers them to the new owner.
+        # Held events were never acknowledged: Kafka redelivers them to the new owner. So it
+        # does the inputs whose state was not flushed yet: forget both, acknowledge neither.
         self.pending.clear()
+        self.state.discard()
+        self._clocks_dirty.clear()
+        self._done.clear()
+
+    def flush(self, partition: int | None = None) -> int:
+        """Write the state changes (of one partition, or all) to the tables. The live worker
+        calls it only once the outputs of the inputs behind them are delivered."""
+        return self.state.flush(partition)
+
+    def flush_clocks(self, partition: int | None = None) -> None:
+        """Write the partition clocks that moved. After ``flush``'s writes are delivered: a
+        stored clock must never be ahead of the stored state it has judged."""
+        for p in sorted(self._clocks_dirty) if partition is None else [partition]:
+            if p in self._clocks_dirty and p in self.clocks:
+                self.stores.clocks[str(p)] = self.clocks[p].model_dump_json()
+        if partition is None:
+            self._clocks_dirty.clear()
+        else:
+            self._clocks_dirty.discard(partition)
+
+    def dirty_partitions(self) -> list[int]:
+        """Partitions with state or a clock not flushed yet."""
+        return sorted(set(self.state.dirty_partitions()) | self._clocks_dirty)
 
     # -- entry point ----------------------------------------------------------------------
     def handle(self, env: Envelope, token: Any = None) -> list[Emission]:
@@ -170,10 +215,14 @@ class Processor:
         with the deadlines that fall between events, so that the outputs do not depend on how
         the input topics interleave nor on where the ticks fall.
         """
+        self.state.partition = env.partition
         out = self._handle(env, token)
         for em in list(out):
             if isinstance(em.record, Anomaly):
                 out.append(self._emit(anomaly_alert(em.record)))
+        if not self.write_behind:
+            self.flush()
+            self.flush_clocks()
         return out
 
     def drain_done(self) -> list[Any]:
@@ -218,12 +267,23 @@ class Processor:
         return out
 
     def _apply(self, env: Envelope, record: Record, out: list[Emission]) -> None:
+        execution_id: str = record.execution_id  # type: ignore[attr-defined]
+        if self.committed is not None:
+            position = (self._rank.get(env.topic, 0), env.partition, env.offset)
+            if self.state.applied(execution_id, position):
+                self.counters.redelivered += 1
+                return
+            self.state.mark_applied(execution_id, position, self._committed_by_rank)
         if isinstance(record, ev.ExecutionStatusChanged):
             self._on_status(env, record, out)
         elif isinstance(record, ev.OperationEvent):
             self._on_operation(env, record, out)
         else:
             self._on_approval_fact(env, record, out)
+
+    def _committed_by_rank(self, rank: int, partition: int) -> int | None:
+        assert self.committed is not None
+        return self.committed(self.input_names[rank], partition)
 
     # -- validation the core cannot do (it does not know keys or stream time) --------------
     def _check(self, env: Envelope, record: Record) -> AnomalyFinding | None:
@@ -283,20 +343,20 @@ class Processor:
 
     # -- executions -----------------------------------------------------------------------
     def _load_execution(self, execution_id: str) -> ex.Slot:
-        stored = self.stores.inflight.get(execution_id)
+        stored = self.inflight.get(execution_id)
         if stored is None:
-            stored = self.stores.closed.get(execution_id)
+            stored = self.closed.get(execution_id)
         return None if stored is None else ex.load_slot(stored)
 
     def _store_execution(self, execution_id: str, step: ex.ExecutionStep) -> None:
         slot = step.slot
         if isinstance(slot, ex.Closed):
-            self.stores.closed[execution_id] = ex.dump_slot(slot)
-            if execution_id in self.stores.inflight:
-                del self.stores.inflight[execution_id]
+            self.closed[execution_id] = ex.dump_slot(slot)
+            if execution_id in self.inflight:
+                del self.inflight[execution_id]
             self._schedule(execution_id, slot.closed_at + self.closed_retention)
         elif isinstance(slot, ex.InFlight):
-            self.stores.inflight[execution_id] = ex.dump_slot(slot)
+            self.inflight[execution_id] = ex.dump_slot(slot)
 
     def _on_status(
         self, env: Envelope, record: ev.ExecutionStatusChanged, out: list[Emission]
@@ -314,7 +374,7 @@ class Processor:
             self._sync_open_items(record.execution_id, record.occurred_at, out)
 
     def _sync_open_items(self, execution_id: str, at: datetime, out: list[Emission]) -> None:
-        stored = self.stores.inflight.get(execution_id)
+        stored = self.inflight.get(execution_id)
         if stored is None:
             return
         step = ex.set_open_items(
@@ -329,11 +389,11 @@ class Processor:
 
     # -- operations -----------------------------------------------------------------------
     def _load_operations(self, execution_id: str) -> ops.OperationBook | None:
-        stored = self.stores.operations.get(execution_id)
+        stored = self.operations.get(execution_id)
         return None if stored is None else ops.OperationBook.model_validate_json(stored)
 
     def _store_operations(self, book: ops.OperationBook) -> None:
-        self.stores.operations[book.execution_id] = book.model_dump_json()
+        self.operations[book.execution_id] = book.model_dump_json()
         due = ops.next_deadline(book)
         if due is not None:
             self._schedule(book.execution_id, due)
@@ -355,7 +415,7 @@ class Processor:
 
     # -- approvals ------------------------------------------------------------------------
     def _load_approvals(self, execution_id: str) -> ap.ApprovalBook | None:
-        stored = self.stores.approvals.get(execution_id)
+        stored = self.approvals.get(execution_id)
         return None if stored is None else ap.ApprovalBook.model_validate_json(stored)
 
     def _open_approvals(self, execution_id: str) -> tuple[str, ...]:
@@ -369,7 +429,7 @@ class Processor:
         execution_id: str = record.execution_id  # type: ignore[attr-defined]
         book = self._load_approvals(execution_id) or ap.ApprovalBook(execution_id=execution_id)
         book = ap.add_fact(book, record)  # type: ignore[arg-type]
-        self.stores.approvals[execution_id] = book.model_dump_json()
+        self.approvals[execution_id] = book.model_dump_json()
         self._schedule(execution_id, record.occurred_at)  # type: ignore[attr-defined]
 
     def _advance_approvals(
@@ -392,7 +452,7 @@ class Processor:
         for request_id, last_fact in orphans:
             out.append(self._orphan(execution_id, request_id, last_fact))
         if new_book != book:
-            self.stores.approvals[execution_id] = new_book.model_dump_json()
+            self.approvals[execution_id] = new_book.model_dump_json()
         change = ap.next_change(new_book, self.thresholds_for)
         if change is not None:
             self._schedule(execution_id, change)
@@ -410,13 +470,13 @@ class Processor:
         heap = self.due.get(partition)
         if heap is None:
             heap = []
-            for key, value in list(self.stores.operations.items()):
+            for key, value in list(self.operations.items()):
                 if self.partition_of(key) == partition:
                     due = ops.next_deadline(ops.OperationBook.model_validate_json(value))
                     if due is not None:
                         heap.append((_ms(due), key))
             heap.extend(self._approval_due(partition))
-            for key, value in list(self.stores.closed.items()):
+            for key, value in list(self.closed.items()):
                 if self.partition_of(key) == partition:
                     slot = ex.load_slot(value)
                     if isinstance(slot, ex.Closed):
@@ -427,7 +487,7 @@ class Processor:
 
     def _approval_due(self, partition: int) -> list[tuple[int, str]]:
         due_list = []
-        for key, value in list(self.stores.approvals.items()):
+        for key, value in list(self.approvals.items()):
             if self.partition_of(key) == partition:
                 book = ap.ApprovalBook.model_validate_json(value)
                 due = ap.next_change(book, self.thresholds_for)
@@ -447,7 +507,7 @@ class Processor:
         self.clocks[env.partition] = clock
         after = clock.watermark
         if after != before:
-            self.stores.clocks[str(env.partition)] = clock.model_dump_json()
+            self._clocks_dirty.add(env.partition)
         if after is not None and before is None:
             self._on_first_watermark(env.partition, after, out)
         if after is not None and (before is None or after > before):
@@ -511,12 +571,12 @@ class Processor:
     def _expire_closed(self, execution_id: str, at: datetime) -> None:
         """A terminal execution is remembered for ``closed_retention`` (late events for it are
         anomalies, not resurrections), then forgotten, so the table does not grow forever."""
-        stored = self.stores.closed.get(execution_id)
+        stored = self.closed.get(execution_id)
         if stored is None:
             return
         slot = ex.load_slot(stored)
         if isinstance(slot, ex.Closed) and slot.closed_at + self.closed_retention <= at:
-            del self.stores.closed[execution_id]
+            del self.closed[execution_id]
 
     # -- outputs --------------------------------------------------------------------------
     def _emit(self, record: Record, headers: tuple[tuple[str, str], ...] = ()) -> Emission:

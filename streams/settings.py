@@ -79,6 +79,11 @@ class Settings:
     api_token: str | None = field(default=None, repr=False)
     #: VIGIL_SSE_KEEPALIVE — seconds between keep-alive comments on idle SSE streams.
     sse_keepalive: float = 15.0
+    #: VIGIL_BATCH_SIZE, VIGIL_BATCH_WAIT — the worker takes up to this many input records, or
+    #: what came within this wait, processes them, delivers their outputs, then writes its state
+    #: once for the lot: larger batches, fewer round trips; a longer wait, more latency.
+    batch_size: int = 500
+    batch_wait: timedelta = timedelta(milliseconds=20)
     #: KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
@@ -115,6 +120,8 @@ class Settings:
             max_future_skew=parse_duration(_env("VIGIL_MAX_FUTURE_SKEW", "1h")),  # type: ignore[arg-type]
             api_token=_env("VIGIL_API_TOKEN"),
             sse_keepalive=float(_env("VIGIL_SSE_KEEPALIVE", "15")),  # type: ignore[arg-type]
+            batch_size=int(_env("VIGIL_BATCH_SIZE", str(d.batch_size))),  # type: ignore[arg-type]
+            batch_wait=parse_duration(_env("VIGIL_BATCH_WAIT", "20ms")),  # type: ignore[arg-type]
             security_protocol=_env("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),  # type: ignore[arg-type]
             sasl_mechanism=_env("KAFKA_SASL_MECHANISM"),
             sasl_username=_env("KAFKA_SASL_USERNAME"),

@@ -36,7 +36,6 @@ def register_web(
     app: faust.App, processor: Processor, feed: Feed, settings: Settings, metrics: Metrics
 ) -> None:
     token = settings.api_token
-    stores = processor.stores
     changelog = f"{settings.app_id}-inflight-executions-changelog"
 
     def denied(request: Any) -> aioweb.Response | None:
@@ -69,10 +68,10 @@ def register_web(
 
     def lookup(execution_id: str) -> dict[str, Any] | None:
         return execution_view(
-            stores.inflight.get(execution_id),
-            stores.closed.get(execution_id),
-            stores.operations.get(execution_id),
-            stores.approvals.get(execution_id),
+            processor.inflight.get(execution_id),
+            processor.closed.get(execution_id),
+            processor.operations.get(execution_id),
+            processor.approvals.get(execution_id),
             processor.thresholds_for,
         )
 
@@ -131,7 +130,7 @@ def register_web(
         async def get(self, request: Any, request_id: str) -> Any:
             if (r := denied(request)) or (r := _valid(request_id)):
                 return r
-            for value in list(stores.approvals.values()):
+            for value in list(processor.approvals.values()):
                 book = ApprovalBook.model_validate_json(value)
                 if request_id in book.requests:
                     view = approval_view(book, request_id, processor.thresholds_for)

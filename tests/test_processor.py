@@ -247,7 +247,7 @@ def test_closed_executions_are_forgotten_after_the_retention() -> None:
                 occurred_at=T0 + td(minutes=seq),
             ),
         )
-    assert "ex-c" in proc.stores.closed and "ex-c" not in proc.stores.inflight
+    assert "ex-c" in proc.closed and "ex-c" not in proc.inflight
     late = ExecutionStatusChanged(
         event_id="c3",
         execution_id="ex-c",
@@ -257,7 +257,7 @@ def test_closed_executions_are_forgotten_after_the_retention() -> None:
     )
     assert [r.kind for r in handle(proc, late) if isinstance(r, Anomaly)] == ["AFTER_TERMINAL"]
     ticks(proc, T0 + td(hours=3))
-    assert "ex-c" not in proc.stores.closed
+    assert "ex-c" not in proc.closed
 
 
 def test_restart_keeps_stream_time_so_redelivered_events_need_no_new_ticks() -> None:
@@ -270,6 +270,6 @@ def test_restart_keeps_stream_time_so_redelivered_events_need_no_new_ticks() -> 
     ticks(first, T0 - timedelta(seconds=1))  # the watermark exists, but is before the event
     ticks(first, T0 + timedelta(minutes=1))
     second = Processor(TOPICS, stores)  # restart: memory gone, tables kept
-    del stores.operations["ex-1"]  # as if the event's effect had not reached the changelog
+    del second.operations["ex-1"]  # as if the event's effect had not reached the changelog
     out = [e.record for e in second.handle(env(event))]  # Kafka delivers it again
     assert any(isinstance(r, OperationState) for r in out)

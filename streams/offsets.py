@@ -1,0 +1,95 @@
+"""A guard on the offsets the worker is handed: every input record, in order, none skipped.
+
+Why: faust-streaming 0.15.3 resumes fetching before it seeks to the committed offsets after a
+rebalance (``tables/recovery.py``), and its fetch loop drops any record below the highest
+offset it has handed on (``Consumer._drain_messages``), counting the jumped-over offsets as
+acknowledged (``_add_gap``). Records between the committed offset and the old position are
+then never processed, and their offsets get committed. Input topics here are neither
+compacted nor transactional, so a jump in offsets is a loss, never a hole in the log.
+
+The guard keeps, per input partition, the next offset the worker must see, starting at the
+group's committed offset read from the broker. A record past it is refused (not processed,
+not acknowledged) and the shell seeks back. A record before it is a redelivery and goes on
+(the processor recognises inputs it has applied). A hole that several seeks in a row cannot
+fill is real (retention deleted the records, or a transactional producer's markers) and is
+accepted, logged and counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+TopicPartition = tuple[str, int]
+
+
+class Check(Enum):
+    NEXT = "next"  #: the record expected: process it
+    AGAIN = "again"  #: an offset handed on before: a redelivery, process it
+    SEEK = "seek"  #: records were skipped: refuse this one and seek back to ``expected``
+    WAIT = "wait"  #: a seek is on its way: refuse this one, seek nothing
+    HOLE = "hole"  #: the same hole after ``max_seeks`` seeks: accepted, process it
+
+
+@dataclass
+class OffsetGuard:
+    max_seeks: int = 5
+    expected: dict[TopicPartition, int] = field(default_factory=dict)
+    #: per partition: (offset sought, first offset seen past it, seeks so far)
+    _seeks: dict[TopicPartition, tuple[int, int, int]] = field(default_factory=dict)
+    #: per partition: a seek was made and no record at the expected offset came since
+    _seeking: set[TopicPartition] = field(default_factory=set)
+    skipped_records: int = 0
+    seeks: int = 0
+
+    def reset(self) -> None:
+        """After a rebalance: start again from the committed offsets."""
+        self.expected.clear()
+        self._seeks.clear()
+        self._seeking.clear()
+
+    def knows(self, tp: TopicPartition) -> bool:
+        return tp in self.expected
+
+    def start(self, tp: TopicPartition, offset: int) -> None:
+        self.expected[tp] = offset
+
+    def check(self, tp: TopicPartition, offset: int, *, retry: bool) -> Check:
+        """``retry``: whether the shell may seek again now (its last seek of ``tp`` is old
+        enough that records fetched before it have drained)."""
+        want = self.expected[tp]
+        if offset == want:
+            self._seeks.pop(tp, None)
+            self._seeking.discard(tp)
+            self.expected[tp] = offset + 1
+            return Check.NEXT
+        if offset < want:
+            return Check.AGAIN
+        sought, first, n = self._seeks.get(tp, (want, offset, 0))
+        if sought != want or tp not in self._seeking:
+            sought, first, n = want, offset, 0
+        elif offset == first:
+            # the seek came back to the very record it jumped to: the hole is in the log
+            if n >= self.max_seeks:
+                self._seeks.pop(tp, None)
+                self._seeking.discard(tp)
+                self.skipped_records += offset - want
+                self.expected[tp] = offset + 1
+                return Check.HOLE
+        elif not retry:
+            return Check.WAIT
+        self._seeks[tp] = (want, first, n + 1)
+        self._seeking.add(tp)
+        self.seeks += 1
+        return Check.SEEK
+
+    def give_up(self, tp: TopicPartition, earliest: int) -> bool:
+        """Records below the log start are gone for good (retention): start from there."""
+        want = self.expected.get(tp)
+        if want is None or want >= earliest:
+            return False
+        self.skipped_records += earliest - want
+        self.expected[tp] = earliest
+        self._seeks.pop(tp, None)
+        self._seeking.discard(tp)
+        return True

@@ -1,0 +1,198 @@
+"""Per-execution state: one table entry per execution, written behind the outputs.
+
+Why one entry and not one table per kind of state: a changelog record is the unit Kafka
+delivers atomically. Everything one input changes (the execution's slot, its operations, its
+approvals) and the record of which inputs it has applied live in the same entry, so after a
+crash the entry either shows an input's whole effect and says so, or shows none of it. That is
+what lets the worker tell a redelivered input (skipped: its effect is there) from a producer's
+duplicate (reported), see ``Entry.seen``.
+
+Why written behind: the live worker applies a batch of inputs to this cache, sends the outputs,
+waits until the broker has them, and only then writes the dirty entries to the table (hence to
+its changelog) and acknowledges the inputs. A crash before the write loses nothing that was not
+published: the inputs come again and give the same outputs (same ids). It also turns the many
+writes one busy execution gets in a batch into one changelog record.
+
+The entry is stored as five fields separated by ASCII RS (0x1e), which JSON text never contains
+unescaped: the JSON of the in-flight slot, the closed slot, the operation book, the approval
+book (each empty when absent) and the applied input positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+SEP = "\x1e"
+FIELDS = ("inflight", "closed", "operations", "approvals")
+#: Applied positions kept per execution at most. Positions below the committed offset are
+#: dropped anyway (Kafka never redelivers them); this bounds an execution whose inputs come
+#: faster than offsets are committed.
+MAX_SEEN = 64
+
+Position = tuple[int, int, int]  # (input topic rank, partition, offset)
+
+
+@dataclass(slots=True)
+class Entry:
+    inflight: str | None = None
+    closed: str | None = None
+    operations: str | None = None
+    approvals: str | None = None
+    #: Input positions whose effect this entry holds, not yet below the committed offset.
+    seen: list[Position] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not (self.inflight or self.closed or self.operations or self.approvals)
+
+    def encode(self) -> str:
+        seen = ",".join(f"{r}:{p}:{o}" for r, p, o in self.seen)
+        parts = [self.inflight, self.closed, self.operations, self.approvals, seen]
+        return SEP.join(x or "" for x in parts)
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Entry:
+        data = raw.decode() if isinstance(raw, bytes | bytearray) else str(raw)
+        parts = [p or None for p in data.split(SEP)]
+        if len(parts) != 5:
+            raise ValueError(f"an execution entry has 5 fields, not {len(parts)}")
+        seen: list[Position] = []
+        for item in (parts[4] or "").split(","):
+            if item:
+                r, p, o = item.split(":")
+                seen.append((int(r), int(p), int(o)))
+        return cls(parts[0], parts[1], parts[2], parts[3], seen)
+
+
+class ExecutionStore:
+    """A write-behind cache over the table of execution entries.
+
+    Reads go through the cache; writes stay in it until ``flush``. ``discard`` forgets what
+    was not flushed (after a rebalance: the inputs that made it come again)."""
+
+    def __init__(self, table: MutableMapping[str, Any]) -> None:
+        self.table = table
+        self._cache: dict[str, Entry] = {}
+        #: dirty keys per partition: a Faust table writes an entry to the changelog partition
+        #: of the input being processed, so the shell flushes one partition at a time.
+        self._dirty: dict[int, set[str]] = {}
+        #: the partition whose input is being processed (set by the processor)
+        self.partition = 0
+
+    # -- entries ---------------------------------------------------------------------------
+    def entry(self, execution_id: str) -> Entry:
+        cached = self._cache.get(execution_id)
+        if cached is None:
+            raw = self.table.get(execution_id)
+            cached = Entry() if raw is None else Entry.decode(raw)
+            self._cache[execution_id] = cached
+        return cached
+
+    def touch(self, execution_id: str) -> None:
+        self._dirty.setdefault(self.partition, set()).add(execution_id)
+
+    def dirty_partitions(self) -> list[int]:
+        return sorted(p for p, keys in self._dirty.items() if keys)
+
+    def flush(self, partition: int | None = None) -> int:
+        """Write the dirty entries (of one partition, or all) to the table; an empty entry is
+        deleted. The cache is emptied once nothing is dirty any more. Returns how many."""
+        n = 0
+        for p in [partition] if partition is not None else self.dirty_partitions():
+            for key in sorted(self._dirty.pop(p, ())):
+                e = self._cache[key]
+                if e.empty():
+                    if key in self.table:
+                        del self.table[key]
+                else:
+                    self.table[key] = e.encode()
+                n += 1
+        if not any(self._dirty.values()):
+            self._dirty.clear()
+            self._cache.clear()
+        return n
+
+    def discard(self) -> None:
+        self._dirty.clear()
+        self._cache.clear()
+
+    def pending(self) -> int:
+        return sum(len(keys) for keys in self._dirty.values())
+
+    def entries(self) -> Iterator[tuple[str, Entry]]:
+        """Every entry, with what the cache holds over what the table holds."""
+        for key, raw in list(self.table.items()):
+            if key not in self._cache:
+                yield key, Entry.decode(raw)
+        yield from list(self._cache.items())
+
+    def view(self, name: str) -> FieldView:
+        return FieldView(self, name)
+
+    # -- applied inputs --------------------------------------------------------------------
+    def applied(self, execution_id: str, position: Position) -> bool:
+        return position in self.entry(execution_id).seen
+
+    def mark_applied(
+        self,
+        execution_id: str,
+        position: Position,
+        committed: Callable[[int, int], int | None],
+    ) -> None:
+        e = self.entry(execution_id)
+        seen = [
+            s
+            for s in e.seen
+            if s != position and ((c := committed(s[0], s[1])) is None or s[2] >= c)
+        ]
+        seen.append(position)
+        e.seen = seen[-MAX_SEEN:]
+        self.touch(execution_id)
+
+
+class FieldView(MutableMapping[str, str]):
+    """One kind of state (``inflight``, ``closed``, ``operations``, ``approvals``) of every
+    execution, as a mapping of execution id to JSON, read and written through the cache."""
+
+    def __init__(self, store: ExecutionStore, name: str) -> None:
+        if name not in FIELDS:
+            raise ValueError(f"no field {name!r} in an execution entry")
+        self.store, self.name = store, name
+
+    def __getitem__(self, key: str) -> str:
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = getattr(self.store.entry(key), self.name)
+        return default if value is None else value
+
+    def __setitem__(self, key: str, value: str) -> None:
+        setattr(self.store.entry(key), self.name, value)
+        self.store.touch(key)
+
+    def __delitem__(self, key: str) -> None:
+        e = self.store.entry(key)
+        if getattr(e, self.name) is None:
+            raise KeyError(key)
+        setattr(e, self.name, None)
+        self.store.touch(key)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.get(key) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k, e in self.store.entries() if getattr(e, self.name) is not None)
+
+    def items(self) -> Any:  # type: ignore[override]
+        name = self.name
+        return [(k, v) for k, e in self.store.entries() if (v := getattr(e, name)) is not None]
+
+    def values(self) -> Any:  # type: ignore[override]
+        return [v for _, v in self.items()]
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
