@@ -8,11 +8,11 @@ while the fault happens, and compares what the workers published with ``offline(
 same steps: every expected record is there, a repeated id is only ever an identical record
 (``by_id`` asserts that) and there is nothing else.
 
-Known bugs (the tests are strict xfails, raising only ``ReprocessedAsAnomaly`` or
-``MissingOutputs``): after a restart or a rebalance, inputs the tables already reflect are
-processed again and reported as anomalies (some under the id of an expected anomaly, with
-another reason); and after a rebalance Faust sometimes skips input records, whose outputs
-are then missing. The broker restart (no rebalance) passes.
+Two failures these tests found, each with its own exception so a regression says which:
+``ReprocessedAsAnomaly`` (inputs the tables already held processed again after a restart or a
+rebalance, reported as anomalies a single run never publishes; fixed by the applied positions
+in each execution entry, ``streams/state.py``) and ``MissingOutputs`` (Faust skipping input
+records after a rebalance; fixed by the offset guard, ``streams/offsets.py``).
 """
 
 from __future__ import annotations
@@ -596,18 +596,6 @@ def check_restart(outcome: Outcome) -> None:
     assert_same_as_offline(got, expected)
 
 
-KNOWN = (ReprocessedAsAnomaly, MissingOutputs)
-BUGS = (
-    "(1) inputs already applied are processed again after a restart or a rebalance (redelivery "
-    "from the last committed offset; Faust's recovery also hands some records over twice) and "
-    "judged against tables that hold their effect: DUPLICATE/OUT_OF_ORDER/AFTER_TERMINAL "
-    "anomalies + ANOMALY alerts a single run never publishes, no offset check in "
-    "streams/processor.py Processor._handle; (2) intermittently an input is skipped after a "
-    "rebalance (faust Consumer gap-acks offsets jumped over after recovery's second seek), its "
-    "outputs are missing"
-)
-
-
 # -- 3: a worker leaves and rejoins ---------------------------------------------------------
 def assigned_inputs(proc: Any, dep: Deployment) -> set[int]:
     """The partitions of the execution-status topic in the worker's latest assignment (from
@@ -642,7 +630,6 @@ def settled(workers: list[Any], dep: Deployment, timeout: float = 60) -> list[se
         time.sleep(0.5)
 
 
-@pytest.mark.xfail(strict=True, raises=KNOWN, reason=BUGS)
 def test_worker_leaves_and_rejoins_under_load(cluster, tmp_path: Path, restarts) -> None:
     """a and b share the partitions; b leaves (SIGTERM) and its partitions move to a; b2
     joins and takes some back; all while the stream is being produced. (``restarts`` only to
@@ -682,13 +669,11 @@ def test_worker_leaves_and_rejoins_under_load(cluster, tmp_path: Path, restarts)
 
 
 # -- 1 and 2, results ---------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, raises=KNOWN, reason=BUGS)
 def test_kill_9_and_restart_memory_store(restarts) -> None:
     check_restart(restarts.result("memory"))
 
 
 @pytest.mark.skipif("rocksdb" not in STORES, reason="no RocksDB binding (pip install rocksdict)")
-@pytest.mark.xfail(strict=True, raises=KNOWN, reason=BUGS)
 def test_kill_9_and_restart_rocksdb_store(restarts) -> None:
     check_restart(restarts.result("rocksdb"))
 

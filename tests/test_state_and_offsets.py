@@ -1,0 +1,99 @@
+"""The execution entry and its write-behind cache; the offset guard. No Kafka."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streams.offsets import Check, OffsetGuard
+from streams.state import MAX_SEEN, Entry, ExecutionStore
+
+json_text = st.none() | st.text(
+    alphabet=st.characters(blacklist_characters="\x1e", blacklist_categories=("Cs",)), min_size=1
+)
+positions = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(0, 99), st.integers(0, 10**12)), max_size=8
+)
+
+
+@given(json_text, json_text, json_text, json_text, positions)
+def test_an_entry_survives_its_encoding(inflight, closed, ops, approvals, seen) -> None:
+    e = Entry(inflight, closed, ops, approvals, seen)
+    assert Entry.decode(e.encode()) == e
+    assert Entry.decode(e.encode().encode()) == e  # as bytes, from a raw store
+
+
+def test_writes_stay_in_the_cache_until_flushed_per_partition() -> None:
+    table: dict[str, str] = {}
+    store = ExecutionStore(table)
+    store.partition = 1
+    store.view("inflight")["a"] = '{"x":1}'
+    store.partition = 2
+    store.view("operations")["b"] = '{"y":2}'
+    assert table == {} and store.pending() == 2
+    assert store.view("inflight")["a"] == '{"x":1}'  # read through the cache
+    assert store.dirty_partitions() == [1, 2]
+    assert store.flush(1) == 1 and list(table) == ["a"]
+    assert store.view("operations").get("b") == '{"y":2}'  # still cached, still dirty
+    store.flush()
+    assert Entry.decode(table["b"]).operations == '{"y":2}'
+    del store.view("operations")["b"]
+    store.flush()
+    assert "b" not in table  # an entry with nothing left is deleted
+
+
+def test_discard_forgets_what_was_not_flushed() -> None:
+    table = {"a": Entry(inflight='{"v":1}').encode()}
+    store = ExecutionStore(table)
+    store.view("inflight")["a"] = '{"v":2}'
+    store.discard()
+    assert store.view("inflight")["a"] == '{"v":1}'
+    assert store.pending() == 0
+
+
+def test_applied_positions_are_pruned_below_the_committed_offset_and_bounded() -> None:
+    store = ExecutionStore({})
+    committed = {0: 5}
+    for offset in range(3, 9):
+        store.mark_applied("a", (0, 0, offset), lambda r, p: committed.get(r))
+    assert store.applied("a", (0, 0, 5)) and store.applied("a", (0, 0, 8))
+    assert not store.applied("a", (0, 0, 4))  # Kafka never redelivers below 5
+    for offset in range(100, 100 + 2 * MAX_SEEN):
+        store.mark_applied("a", (1, 0, offset), lambda r, p: None)
+    assert len(store.entry("a").seen) == MAX_SEEN
+
+
+def test_the_guard_passes_the_next_offset_and_redeliveries() -> None:
+    g = OffsetGuard()
+    g.start(("t", 0), 10)
+    assert g.check(("t", 0), 10, retry=False) is Check.NEXT
+    assert g.check(("t", 0), 11, retry=False) is Check.NEXT
+    assert g.check(("t", 0), 5, retry=False) is Check.AGAIN
+    assert g.expected[("t", 0)] == 12
+
+
+def test_the_guard_seeks_back_over_a_jump_and_waits_for_the_seek() -> None:
+    g = OffsetGuard()
+    g.start(("t", 0), 10)
+    assert g.check(("t", 0), 40, retry=True) is Check.SEEK
+    assert g.check(("t", 0), 41, retry=False) is Check.WAIT  # fetched before the seek
+    assert g.check(("t", 0), 42, retry=True) is Check.SEEK  # the seek was lost: again
+    assert g.check(("t", 0), 10, retry=False) is Check.NEXT  # the seek took
+    assert g.check(("t", 0), 11, retry=False) is Check.NEXT
+    assert g.seeks == 2 and g.skipped_records == 0
+
+
+def test_a_hole_that_seeks_cannot_fill_is_accepted_and_counted() -> None:
+    g = OffsetGuard(max_seeks=3)
+    g.start(("t", 0), 10)
+    results = [g.check(("t", 0), 13, retry=False) for _ in range(5)]
+    assert results[:3] == [Check.SEEK] * 3 and results[3] is Check.HOLE
+    assert g.skipped_records == 3 and g.expected[("t", 0)] == 14
+
+
+def test_records_deleted_by_retention_are_given_up() -> None:
+    g = OffsetGuard()
+    g.start(("t", 0), 10)
+    assert g.give_up(("t", 0), 50) and g.expected[("t", 0)] == 50
+    assert g.skipped_records == 40
+    assert not g.give_up(("t", 0), 50)
