@@ -239,13 +239,29 @@ def worker(
     data_dir: Annotated[
         str | None, typer.Option(help="Worker data dir [env VIGIL_DATA_DIR].")
     ] = None,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(help="Input records per batch at most [env VIGIL_BATCH_SIZE, 500]."),
+    ] = None,
+    batch_wait: Annotated[
+        str | None,
+        typer.Option(help="Longest wait to fill a batch [env VIGIL_BATCH_WAIT, 20ms]."),
+    ] = None,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
 ) -> None:
     """Run a stream-processing worker (Faust). Stop with Ctrl-C or SIGTERM."""
     from streams.app import run_worker
+    from streams.durations import parse_duration
 
     s = _settings(
-        bootstrap, registry, web_port=web_port, web_host=web_host, store=store, data_dir=data_dir
+        bootstrap,
+        registry,
+        web_port=web_port,
+        web_host=web_host,
+        store=store,
+        data_dir=data_dir,
+        batch_size=batch_size,
+        batch_wait=parse_duration(batch_wait) if batch_wait else None,
     )
     run_worker(s, loglevel=loglevel)
 

@@ -36,7 +36,7 @@ def register_web(
     app: faust.App, processor: Processor, feed: Feed, settings: Settings, metrics: Metrics
 ) -> None:
     token = settings.api_token
-    changelog = f"{settings.app_id}-inflight-executions-changelog"
+    changelog = f"{settings.app_id}-executions-changelog"
 
     def denied(request: Any) -> aioweb.Response | None:
         if not token:
@@ -50,7 +50,7 @@ def register_web(
         """The worker that owns the execution's partition, if it is not this one."""
         partition = processor.partition_of(execution_id)
         try:
-            hosts = app.router.table_metadata("inflight-executions")
+            hosts = app.router.table_metadata("executions")
         except Exception:  # no assignment yet: serve what we hold
             return None
         me = str(app.conf.canonical_url).rstrip("/")
