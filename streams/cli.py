@@ -101,7 +101,7 @@ def topics_create(
         str, typer.Option(help="Suffix for output topic names (a replay's own set).")
     ] = "",
     partitions: Annotated[
-        int | None, typer.Option(help="Partitions [env VIGIL_PARTITIONS, 6].")
+        int | None, typer.Option(help="Partitions (env VIGIL_PARTITIONS, 6).")
     ] = None,
 ) -> None:
     """Create every topic of the catalogue (idempotent) and set the registry to BACKWARD."""
@@ -228,24 +228,24 @@ def worker(
     bootstrap: BootstrapOpt = None,
     registry: RegistryOpt = None,
     web_port: Annotated[
-        int | None, typer.Option(help="HTTP port [env VIGIL_WEB_PORT, 6066].")
+        int | None, typer.Option(help="HTTP port (env VIGIL_WEB_PORT, 6066).")
     ] = None,
     web_host: Annotated[
-        str | None, typer.Option(help="Bind address [env VIGIL_WEB_HOST, 127.0.0.1].")
+        str | None, typer.Option(help="Bind address (env VIGIL_WEB_HOST, 127.0.0.1).")
     ] = None,
     store: Annotated[
-        str | None, typer.Option(help="Table store: memory:// or rocksdb:// [env VIGIL_STORE].")
+        str | None, typer.Option(help="Table store: memory:// or rocksdb:// (env VIGIL_STORE).")
     ] = None,
     data_dir: Annotated[
-        str | None, typer.Option(help="Worker data dir [env VIGIL_DATA_DIR].")
+        str | None, typer.Option(help="Worker data dir (env VIGIL_DATA_DIR).")
     ] = None,
     batch_size: Annotated[
         int | None,
-        typer.Option(help="Input records per batch at most [env VIGIL_BATCH_SIZE, 500]."),
+        typer.Option(help="Input records per batch at most (env VIGIL_BATCH_SIZE, 500)."),
     ] = None,
     batch_wait: Annotated[
         str | None,
-        typer.Option(help="Longest wait to fill a batch [env VIGIL_BATCH_WAIT, 20ms]."),
+        typer.Option(help="Longest wait to fill a batch (env VIGIL_BATCH_WAIT, 20ms)."),
     ] = None,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
 ) -> None:
@@ -269,7 +269,7 @@ def worker(
 @app.command("ticker")
 def ticker(
     interval: Annotated[
-        str | None, typer.Option(help="Tick interval [env VIGIL_TICK_INTERVAL, 1s].")
+        str | None, typer.Option(help="Tick interval (env VIGIL_TICK_INTERVAL, 1s).")
     ] = None,
     count: Annotated[
         int | None, typer.Option(help="Stop after N rounds (default: forever).")
