@@ -129,6 +129,11 @@ def test_sse_follows_an_execution_and_resumes_with_last_event_id(running) -> Non
         )
 
     play(dep, [status(1, ExecutionStatus.RUNNING), Tick(T0 + timedelta(minutes=41, seconds=1))])
+    # an execution the worker has not processed yet is a 404: wait until it has
+    dep.read_until(
+        [dep.topics.execution_state.name],
+        lambda rs: any(getattr(r.record, "execution_id", None) == ex for r in rs),
+    )
     first = _sse(base, f"/v1/executions/{ex}/stream", until=lambda es: len(es) >= 1)
     assert first[0]["event"] == "ExecutionState" and first[0]["id"].startswith("exec-")
 
