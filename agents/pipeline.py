@@ -85,6 +85,8 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     app.vigil_processor = processor  # type: ignore[attr-defined]
     rebalances = [0]
     last_seek: dict[tuple[str, int], float] = {}
+    arrived: dict[tuple[str, int], float] = {}
+    input_names = {t.name for t in topics.inputs()}
 
     async def send(em: Emission) -> Any:
         ts = em.timestamp_ms
@@ -99,6 +101,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         """The offset guard: whether to process ``event`` (see ``streams/offsets.py``)."""
         msg = event.message
         tp = (msg.topic, msg.partition)
+        arrived[tp] = time.monotonic()
         if not guard.knows(tp):
             start = await asyncio.to_thread(_committed_offsets, settings, [tp])
             guard.start(tp, start[tp])
@@ -118,12 +121,56 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
             log.warning(
                 "%s[%s]: handed offset %s while %s was next; seeking back", *tp, msg.offset, want
             )
-            last_seek[tp] = time.monotonic()
-            gaps = getattr(app.consumer, "_gap", None)
-            if gaps is not None and msg.tp in gaps:
-                gaps[msg.tp].clear()  # the skipped offsets are not acknowledged: they come again
-            await app.consumer.seek(msg.tp, want)
+            await seek(msg.tp, want)
         return False
+
+    async def seek(tp: Any, offset: int) -> None:
+        last_seek[(tp.topic, tp.partition)] = time.monotonic()
+        gaps = getattr(app.consumer, "_gap", None)
+        if gaps is not None and tp in gaps:
+            gaps[tp].clear()  # the skipped offsets are not acknowledged: they come again
+        await app.consumer.seek(tp, offset)
+
+    @app.timer(interval=2.0)
+    async def watchdog() -> None:
+        """Records that are on the log but never come. The guard only sees a skip when a later
+        record arrives; at the end of a stream, or when a rebalance made the agent drop a batch
+        it had not acknowledged, nothing later may come. Every 2 s, a partition with nothing
+        handed over for 3 s whose log ends past the next expected offset is sought back."""
+        consumer = getattr(app, "consumer", None)
+        if consumer is None:
+            return
+        generation = rebalances[0]
+        now = time.monotonic()
+        idle = [
+            tp
+            for tp in consumer.assignment()
+            if tp.topic in input_names
+            and now - max(arrived.get(tp, 0.0), last_seek.get(tp, 0.0)) > 3.0
+        ]
+        if not idle:
+            return
+        ends = await consumer.highwaters(*idle)
+        unknown = [(tp.topic, tp.partition) for tp in idle if not guard.knows(tp)]
+        starts = await asyncio.to_thread(_committed_offsets, settings, unknown) if unknown else {}
+        if rebalances[0] != generation:
+            return
+        for key, offset in starts.items():
+            if not guard.knows(key):
+                guard.start(key, offset)
+        for tp in idle:
+            want = guard.expected.get((tp.topic, tp.partition))
+            end = ends.get(tp)
+            if want is not None and end is not None and end > want:
+                log.warning(
+                    "%s[%s]: records %s..%s wait on the log, none came; seeking back",
+                    tp.topic,
+                    tp.partition,
+                    want,
+                    end - 1,
+                )
+                guard.seeks += 1
+                await seek(tp, want)
 
     @contextlib.contextmanager
     def in_partition(event: Any) -> Iterator[None]:

@@ -9,6 +9,7 @@ Avro schema resolution absorbs compatible evolution (a field added by a newer pr
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 from collections.abc import Iterable
@@ -22,6 +23,7 @@ from confluent_kafka.schema_registry import (
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from pydantic import ValidationError
 
 from streams.models.base import Record
@@ -58,6 +60,11 @@ class AvroCodec:
         self._serializers: dict[type[Record], AvroSerializer] = {}
         self._deserializers: dict[type[Record], AvroDeserializer] = {}
         self._writer_names: dict[int, str] = {}
+        # The hot path, after the first record of a kind: fastavro with parsed schemas, the
+        # same library confluent's serdes call, without their per-record subject lookups.
+        self._writers: dict[tuple[str, type[Record]], tuple[bytes, Any]] = {}
+        self._readers: dict[tuple[int, type[Record]], tuple[Any, Any]] = {}
+        self._writer_schemas: dict[int, Any] = {}
 
     @classmethod
     def connect(cls, config: RegistryConfig, **kwargs: Any) -> AvroCodec:
@@ -80,9 +87,21 @@ class AvroCodec:
         return ser
 
     def encode(self, topic: str, record: Record) -> bytes:
+        """The first record of a kind per topic goes through confluent's ``AvroSerializer``,
+        which registers (or looks up) the subject's schema; its id is kept, and the rest are
+        written by fastavro with the same header."""
+        model = type(record)
+        cached = self._writers.get((topic, model))
+        if cached is not None:
+            header, parsed = cached
+            buf = io.BytesIO()
+            buf.write(header)
+            schemaless_writer(buf, parsed, record.to_avro())
+            return buf.getvalue()
         ctx = SerializationContext(topic, MessageField.VALUE)
-        data = self.serializer(type(record))(record, ctx)
+        data = self.serializer(model)(record, ctx)
         assert data is not None
+        self._writers[(topic, model)] = (data[:5], _parsed(model))
         return data
 
     # -- decoding -------------------------------------------------------------------------
@@ -101,6 +120,20 @@ class AvroCodec:
             name = raw if "." in raw or not ns else f"{ns}.{raw}"
             self._writer_names[schema_id] = name
         return name
+
+    def _reader(self, schema_id: int, model: type[Record]) -> tuple[Any, Any]:
+        """The writer's schema (from the registry, once per id) and ours, parsed: Avro schema
+        resolution absorbs a compatible change (a field added by a newer producer)."""
+        pair = self._readers.get((schema_id, model))
+        if pair is None:
+            writer = self._writer_schemas.get(schema_id)
+            if writer is None:
+                text = self.registry.get_schema(schema_id).schema_str
+                writer = parse_schema(json.loads(text))
+                self._writer_schemas[schema_id] = writer
+            pair = (writer, _parsed(model))
+            self._readers[(schema_id, model)] = pair
+        return pair
 
     def deserializer(self, model: type[Record]) -> AvroDeserializer:
         de = self._deserializers.get(model)
@@ -127,7 +160,8 @@ class AvroCodec:
         if allowed is not None and model not in tuple(allowed):
             raise DecodeError(f"record type {fullname} does not belong on topic {topic}")
         try:
-            raw = self.deserializer(model)(data, SerializationContext(topic, MessageField.VALUE))
+            writer, reader = self._reader(schema_id, model)
+            raw = schemaless_reader(io.BytesIO(data[5:]), writer, reader)
         except Exception as exc:  # fastavro raises EOFError, ValueError, IndexError, ...
             raise DecodeError(
                 f"undecodable Avro for {fullname}: {type(exc).__name__}: {exc}"
@@ -139,6 +173,16 @@ class AvroCodec:
                 f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5]
             )
             raise DecodeError(f"invalid {fullname}: {problems}") from exc
+
+
+_PARSED: dict[type[Record], Any] = {}
+
+
+def _parsed(model: type[Record]) -> Any:
+    parsed = _PARSED.get(model)
+    if parsed is None:
+        parsed = _PARSED[model] = parse_schema(model.avro_schema())
+    return parsed
 
 
 def set_backward_compatibility(registry: SchemaRegistryClient, subject: str | None = None) -> None:

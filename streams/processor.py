@@ -343,20 +343,19 @@ class Processor:
 
     # -- executions -----------------------------------------------------------------------
     def _load_execution(self, execution_id: str) -> ex.Slot:
-        stored = self.inflight.get(execution_id)
-        if stored is None:
-            stored = self.closed.get(execution_id)
-        return None if stored is None else ex.load_slot(stored)
+        slot = self.state.load(execution_id, "inflight", ex.load_slot)
+        if slot is None:
+            slot = self.state.load(execution_id, "closed", ex.load_slot)
+        return slot  # type: ignore[no-any-return]
 
     def _store_execution(self, execution_id: str, step: ex.ExecutionStep) -> None:
         slot = step.slot
         if isinstance(slot, ex.Closed):
-            self.closed[execution_id] = ex.dump_slot(slot)
-            if execution_id in self.inflight:
-                del self.inflight[execution_id]
+            self.state.save(execution_id, "closed", slot, ex.dump_slot)
+            self.state.save(execution_id, "inflight", None)
             self._schedule(execution_id, slot.closed_at + self.closed_retention)
         elif isinstance(slot, ex.InFlight):
-            self.inflight[execution_id] = ex.dump_slot(slot)
+            self.state.save(execution_id, "inflight", slot, ex.dump_slot)
 
     def _on_status(
         self, env: Envelope, record: ev.ExecutionStatusChanged, out: list[Emission]
@@ -374,11 +373,11 @@ class Processor:
             self._sync_open_items(record.execution_id, record.occurred_at, out)
 
     def _sync_open_items(self, execution_id: str, at: datetime, out: list[Emission]) -> None:
-        stored = self.inflight.get(execution_id)
-        if stored is None:
+        slot = self.state.load(execution_id, "inflight", ex.load_slot)
+        if slot is None:
             return
         step = ex.set_open_items(
-            ex.load_slot(stored),
+            slot,
             ops.open_operation_ids(self._load_operations(execution_id)),
             self._open_approvals(execution_id),
             at,
@@ -389,11 +388,12 @@ class Processor:
 
     # -- operations -----------------------------------------------------------------------
     def _load_operations(self, execution_id: str) -> ops.OperationBook | None:
-        stored = self.operations.get(execution_id)
-        return None if stored is None else ops.OperationBook.model_validate_json(stored)
+        return self.state.load(  # type: ignore[no-any-return]
+            execution_id, "operations", ops.OperationBook.model_validate_json
+        )
 
     def _store_operations(self, book: ops.OperationBook) -> None:
-        self.operations[book.execution_id] = book.model_dump_json()
+        self.state.save(book.execution_id, "operations", book, _dump_json)
         due = ops.next_deadline(book)
         if due is not None:
             self._schedule(book.execution_id, due)
@@ -415,8 +415,9 @@ class Processor:
 
     # -- approvals ------------------------------------------------------------------------
     def _load_approvals(self, execution_id: str) -> ap.ApprovalBook | None:
-        stored = self.approvals.get(execution_id)
-        return None if stored is None else ap.ApprovalBook.model_validate_json(stored)
+        return self.state.load(  # type: ignore[no-any-return]
+            execution_id, "approvals", ap.ApprovalBook.model_validate_json
+        )
 
     def _open_approvals(self, execution_id: str) -> tuple[str, ...]:
         book = self._load_approvals(execution_id)
@@ -429,7 +430,7 @@ class Processor:
         execution_id: str = record.execution_id  # type: ignore[attr-defined]
         book = self._load_approvals(execution_id) or ap.ApprovalBook(execution_id=execution_id)
         book = ap.add_fact(book, record)  # type: ignore[arg-type]
-        self.approvals[execution_id] = book.model_dump_json()
+        self.state.save(execution_id, "approvals", book, _dump_json)
         self._schedule(execution_id, record.occurred_at)  # type: ignore[attr-defined]
 
     def _advance_approvals(
@@ -452,7 +453,7 @@ class Processor:
         for request_id, last_fact in orphans:
             out.append(self._orphan(execution_id, request_id, last_fact))
         if new_book != book:
-            self.approvals[execution_id] = new_book.model_dump_json()
+            self.state.save(execution_id, "approvals", new_book, _dump_json)
         change = ap.next_change(new_book, self.thresholds_for)
         if change is not None:
             self._schedule(execution_id, change)
@@ -571,12 +572,9 @@ class Processor:
     def _expire_closed(self, execution_id: str, at: datetime) -> None:
         """A terminal execution is remembered for ``closed_retention`` (late events for it are
         anomalies, not resurrections), then forgotten, so the table does not grow forever."""
-        stored = self.closed.get(execution_id)
-        if stored is None:
-            return
-        slot = ex.load_slot(stored)
+        slot = self.state.load(execution_id, "closed", ex.load_slot)
         if isinstance(slot, ex.Closed) and slot.closed_at + self.closed_retention <= at:
-            del self.closed[execution_id]
+            self.state.save(execution_id, "closed", None)
 
     # -- outputs --------------------------------------------------------------------------
     def _emit(self, record: Record, headers: tuple[tuple[str, str], ...] = ()) -> Emission:
@@ -669,6 +667,10 @@ def alert_headers(alert: Alert) -> tuple[tuple[str, str], ...]:
         ("owner", str(alert.owner)),
         ("severity", str(alert.severity)),
     )
+
+
+def _dump_json(model: Any) -> str:
+    return model.model_dump_json()  # type: ignore[no-any-return]
 
 
 def _ms(t: datetime) -> int:

@@ -42,11 +42,23 @@ class Entry:
     approvals: str | None = None
     #: Input positions whose effect this entry holds, not yet below the committed offset.
     seen: list[Position] = field(default_factory=list)
+    #: Decoded state by field, so that a batch parses each field once, and fields whose
+    #: text is stale (the object changed) with the function that dumps it. Not stored.
+    objs: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    stale: dict[str, Callable[[Any], str]] = field(default_factory=dict, compare=False, repr=False)
+
+    def materialize(self) -> None:
+        for name, dump in self.stale.items():
+            obj = self.objs.get(name)
+            setattr(self, name, None if obj is None else dump(obj))
+        self.stale.clear()
 
     def empty(self) -> bool:
+        self.materialize()
         return not (self.inflight or self.closed or self.operations or self.approvals)
 
     def encode(self) -> str:
+        self.materialize()
         seen = ",".join(f"{r}:{p}:{o}" for r, p, o in self.seen)
         parts = [self.inflight, self.closed, self.operations, self.approvals, seen]
         return SEP.join(x or "" for x in parts)
@@ -125,10 +137,32 @@ class ExecutionStore:
         for key, raw in list(self.table.items()):
             if key not in self._cache:
                 yield key, Entry.decode(raw)
-        yield from list(self._cache.items())
+        for key, e in list(self._cache.items()):
+            e.materialize()
+            yield key, e
 
     def view(self, name: str) -> FieldView:
         return FieldView(self, name)
+
+    # -- decoded state ---------------------------------------------------------------------
+    def load(self, execution_id: str, name: str, parse: Callable[[str], Any]) -> Any:
+        """The decoded value of one field (``None`` when empty), parsed once per batch."""
+        e = self.entry(execution_id)
+        if name in e.objs:
+            return e.objs[name]
+        text = getattr(e, name)
+        obj = None if text is None else parse(text)
+        e.objs[name] = obj
+        return obj
+
+    def save(
+        self, execution_id: str, name: str, obj: Any, dump: Callable[[Any], str] = str
+    ) -> None:
+        """Set one field to ``obj`` (``None``: empty); dumped to JSON only when written."""
+        e = self.entry(execution_id)
+        e.objs[name] = obj
+        e.stale[name] = dump
+        self.touch(execution_id)
 
     # -- applied inputs --------------------------------------------------------------------
     def applied(self, execution_id: str, position: Position) -> bool:
@@ -167,18 +201,25 @@ class FieldView(MutableMapping[str, str]):
         return value
 
     def get(self, key: str, default: Any = None) -> Any:
-        value = getattr(self.store.entry(key), self.name)
+        e = self.store.entry(key)
+        e.materialize()
+        value = getattr(e, self.name)
         return default if value is None else value
 
     def __setitem__(self, key: str, value: str) -> None:
-        setattr(self.store.entry(key), self.name, value)
+        e = self.store.entry(key)
+        e.materialize()
+        setattr(e, self.name, value)
+        e.objs.pop(self.name, None)
         self.store.touch(key)
 
     def __delitem__(self, key: str) -> None:
         e = self.store.entry(key)
+        e.materialize()
         if getattr(e, self.name) is None:
             raise KeyError(key)
         setattr(e, self.name, None)
+        e.objs.pop(self.name, None)
         self.store.touch(key)
 
     def __contains__(self, key: object) -> bool:
