@@ -68,16 +68,6 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     processor = Processor.from_settings(
         settings, topics, stores, write_behind=True, committed=committed
     )
-    sinks = {
-        spec.name: app.topic(
-            spec.name,
-            key_type=bytes,
-            value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
-        )
-        for spec in topics.outputs()
-    }
     feed = Feed()
     guard = OffsetGuard()
     metrics = Metrics(processor, lambda: _lag(app), guard)
@@ -89,12 +79,17 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     input_names = {t.name for t in topics.inputs()}
 
     async def send(em: Emission) -> Any:
+        """Straight to the producer (Faust's ``Topic.send`` wraps every record in futures and
+        callbacks this worker does not use); returns the delivery future. The producer's
+        default partitioner is murmur2 on the key, as Java clients partition."""
         ts = em.timestamp_ms
-        return await sinks[em.topic].send(
-            key=em.key.encode() if em.key is not None else None,
-            value=codec.encode(em.topic, em.record),
-            timestamp=ts / 1000.0 if ts is not None else None,
-            headers=list((k, v.encode()) for k, v in em.headers) or None,
+        return await app.producer.send(
+            em.topic,
+            em.key.encode() if em.key is not None else None,
+            codec.encode(em.topic, em.record),
+            None,
+            ts / 1000.0 if ts is not None else None,
+            list((k, v.encode()) for k, v in em.headers) or None,
         )
 
     async def admit(event: Any) -> bool:

@@ -117,11 +117,12 @@ def expected_outputs(
     return dict(counts), time.perf_counter() - t0
 
 
-def _processor(settings: Settings, dep: h.Deployment) -> Processor:
+def _processor(settings: Settings, dep: h.Deployment, *, write_behind: bool = False) -> Processor:
     pol = settings.policies()
     return Processor(
         dep.topics,
         Stores(),
+        write_behind=write_behind,
         max_future_skew=settings.max_future_skew,
         operation_config=pol.operations,
         thresholds=pol.thresholds,
@@ -427,14 +428,16 @@ async def _aiokafka_pass(
 def replay(
     base: Settings, dep: h.Deployment, bf: Backfill, log: Log, profile_out: Path | None
 ) -> dict[str, Any]:
-    """No ``vigil replay`` exists yet: the replay path is the pure Processor with dict stores,
-    fed Envelopes decoded (AvroCodec, as the worker does) from a plain confluent-kafka
-    consumer reading the input topics from the beginning; outputs are encoded with the codec
-    (what a replay would produce) but not sent."""
+    """What ``vigil replay`` does (``streams/replay.py``): the pure Processor with dict stores,
+    written behind and flushed every ``REPLAY_FLUSH_EVERY`` records, fed Envelopes decoded
+    (AvroCodec, as the worker does) from a plain confluent-kafka consumer reading the input
+    topics from the beginning; outputs are encoded with the codec but not sent."""
     from confluent_kafka import Consumer, TopicPartition
 
+    from streams.replay import REPLAY_FLUSH_EVERY
+
     codec = AvroCodec.connect(RegistryConfig(base.schema_registry_url))
-    proc = _processor(base, dep)
+    proc = _processor(base, dep, write_behind=True)
     allowed = {t.name: t.value_types for t in dep.topics.inputs()}
     c = Consumer(
         base.confluent_conf()
@@ -450,7 +453,7 @@ def replay(
                 want[(t, p)] = high
                 tps.append(TopicPartition(t, p, low))
     outputs: Counter[str] = Counter()
-    n = 0
+    n = handled = 0
     dec_s = handle_s = enc_s = 0.0
     pc = time.perf_counter
     t0 = pc()
@@ -479,6 +482,10 @@ def replay(
                 )
             b = pc()
             ems = proc.handle(env)
+            handled += 1
+            if handled % REPLAY_FLUSH_EVERY == 0:
+                proc.flush()
+                proc.flush_clocks()
             cpt = pc()
             for em in ems:
                 codec.encode(em.topic, em.record)
