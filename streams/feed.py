@@ -10,7 +10,6 @@ active executions). A record no longer held is not invented: the client gets wha
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -40,8 +39,14 @@ def record_id(record: Record) -> str:
 class FeedEvent:
     id: str
     kind: str
-    data: str
+    record: Record
     terminal: bool = False
+
+    @property
+    def data(self) -> str:
+        """The record as JSON, made when a client reads it, not for every output published
+        (most are never watched)."""
+        return self.record.model_dump_json()
 
     def sse(self) -> bytes:
         return f"id: {self.id}\nevent: {self.kind}\ndata: {self.data}\n\n".encode()
@@ -60,12 +65,7 @@ class Feed:
             if not execution_id:
                 continue
             terminal = bool(getattr(record, "terminal", False))
-            event = FeedEvent(
-                record_id(record),
-                record.avro_name,
-                json.dumps(record.model_dump(mode="json")),
-                terminal,
-            )
+            event = FeedEvent(record_id(record), record.avro_name, record, terminal)
             buf = self._events.get(execution_id)
             if buf is None:
                 buf = self._events[execution_id] = deque(maxlen=self.per_execution)

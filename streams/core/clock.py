@@ -79,7 +79,11 @@ class PartitionClock(BaseModel):
             return self
         maxima = dict(self.maxima)
         maxima[topic] = t
-        return PartitionClock(inputs=self.inputs, maxima=tuple(sorted(maxima.items())))
+        # Built without re-validation (once per record on the hot path): the invariants hold
+        # by construction, inputs unchanged and maxima sorted, unique and within the inputs.
+        return PartitionClock.model_construct(
+            inputs=self.inputs, maxima=tuple(sorted(maxima.items()))
+        )
 
     @property
     def watermark(self) -> datetime | None:

@@ -16,6 +16,8 @@ SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 def to_millis(value: datetime) -> datetime:
     """Avro ``timestamp-millis`` keeps milliseconds; truncating on the way in keeps
     round-trips exact instead of surprising a consumer with a changed microsecond."""
+    if value.tzinfo is UTC and value.microsecond % 1000 == 0:
+        return value  # already what it must be: the common case, kept cheap
     value = value.astimezone(UTC)
     return value.replace(microsecond=(value.microsecond // 1000) * 1000)
 
