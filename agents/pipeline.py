@@ -27,7 +27,7 @@ from streams.codec import AvroCodec
 from streams.envelope import SafeAvroSchema
 from streams.feed import Feed
 from streams.metrics import Metrics
-from streams.offsets import Check, OffsetGuard
+from streams.offsets import AckOrder, Check, OffsetGuard
 from streams.processor import Emission, Processor, Stores
 from streams.settings import Settings
 from streams.topics import Topics
@@ -70,6 +70,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     )
     feed = Feed()
     guard = OffsetGuard()
+    ack_order = AckOrder()
     metrics = Metrics(processor, lambda: _lag(app), guard)
     register_web(app, processor, feed, settings, metrics)
     app.vigil_processor = processor  # type: ignore[attr-defined]
@@ -186,7 +187,9 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
                 continue
             if rebalances[0] != generation:
                 return  # forget_partitions dropped this batch's state: it comes again
-            last[event.message.partition] = event
+            msg = event.message
+            ack_order.admit((msg.topic, msg.partition), msg.offset, event)
+            last[msg.partition] = event
             emissions.extend(processor.handle(event.value, token=event))
         # 1. the outputs, delivered
         sent = [await send(em) for em in emissions]
@@ -208,7 +211,9 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
                 with in_partition(last[p]):
                     processor.flush_clocks(p)
         for done in processor.drain_done():
-            done.ack()
+            ack_order.finish(done)
+        for ready in ack_order.release():
+            ready.ack()
         if emissions:
             feed.publish(em.record for em in emissions)
             now = time.time()
@@ -232,12 +237,14 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         rebalances[0] += 1
         processor.forget_partitions()
         guard.reset()
+        ack_order.reset()
 
     @app.on_partitions_assigned.connect
     async def _assigned(app: faust.App, assigned: Any, **_: Any) -> None:
         rebalances[0] += 1
         processor.forget_partitions()
         guard.reset()
+        ack_order.reset()
 
     return processor
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from pydantic import BaseModel
+
 from streams.clients import record_time_ms
 from streams.core import approvals as ap
 from streams.core import executions as ex
@@ -272,6 +274,9 @@ class Processor:
             position = (self._rank.get(env.topic, 0), env.partition, env.offset)
             if self.state.applied(execution_id, position):
                 self.counters.redelivered += 1
+                if not isinstance(record, ev.ExecutionStatusChanged | ev.OperationEvent):
+                    # its judgement is due at its own time, as when it was first applied
+                    self._schedule(execution_id, record.occurred_at)  # type: ignore[attr-defined]
                 return
             self.state.mark_applied(execution_id, position, self._committed_by_rank)
         if isinstance(record, ev.ExecutionStatusChanged):
@@ -495,7 +500,14 @@ class Processor:
                 if due is not None:
                     due_list.append((_ms(due), key))
                 if book.dirty:
-                    self.dirty.setdefault(partition, set()).add(key)
+                    # Facts stored but not judged yet (the worker stopped in between): judged at
+                    # their own times, as the uninterrupted run judged them when the watermark
+                    # passed each; a late fact (nothing after evaluated_until) at the next one.
+                    pending = _times_after(book, book.evaluated_until)
+                    if pending:
+                        due_list.extend((_ms(t), key) for t in pending)
+                    else:
+                        self.dirty.setdefault(partition, set()).add(key)
         return due_list
 
     # -- stream time ----------------------------------------------------------------------
@@ -667,6 +679,28 @@ def alert_headers(alert: Alert) -> tuple[tuple[str, str], ...]:
         ("owner", str(alert.owner)),
         ("severity", str(alert.severity)),
     )
+
+
+def _times_after(value: Any, after: datetime | None) -> set[datetime]:
+    """Every time in a state model later than ``after``."""
+    out: set[datetime] = set()
+
+    def walk(v: Any) -> None:
+        if isinstance(v, datetime):
+            if after is None or v > after:
+                out.add(v)
+        elif isinstance(v, BaseModel):
+            for name in type(v).model_fields:
+                walk(getattr(v, name))
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, tuple | list):
+            for x in v:
+                walk(x)
+
+    walk(value)
+    return out
 
 
 def _dump_json(model: Any) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.offsets import Check, OffsetGuard
+from streams.offsets import AckOrder, Check, OffsetGuard
 from streams.state import MAX_SEEN, Entry, ExecutionStore
 
 json_text = st.none() | st.text(
@@ -97,3 +97,31 @@ def test_records_deleted_by_retention_are_given_up() -> None:
     assert g.give_up(("t", 0), 50) and g.expected[("t", 0)] == 50
     assert g.skipped_records == 40
     assert not g.give_up(("t", 0), 50)
+
+
+def test_acknowledgements_go_out_in_offset_order_per_partition() -> None:
+    """A record held for the watermark (offset 36) holds back the acknowledgement of the
+    ticks after it: Faust would otherwise commit past it (see ``AckOrder``)."""
+    order = AckOrder()
+    held, tick1, tick2, other = object(), object(), object(), object()
+    order.admit(("t", 0), 36, held)
+    order.admit(("t", 0), 37, tick1)
+    order.admit(("t", 0), 38, tick2)
+    order.admit(("t", 1), 5, other)
+    for token in (tick1, tick2, other):
+        order.finish(token)
+    assert order.release() == [other]  # partition 1 is free; partition 0 waits for 36
+    order.finish(held)
+    assert order.release() == [held, tick1, tick2]
+    assert order.waiting() == 0 and order.release() == []
+
+
+def test_a_record_delivered_twice_is_acknowledged_twice_in_order() -> None:
+    order = AckOrder()
+    first, again = object(), object()
+    order.admit(("t", 0), 7, first)
+    order.admit(("t", 0), 7, again)  # redelivered after a seek back
+    order.finish(again)
+    assert order.release() == []  # the first delivery is still in progress
+    order.finish(first)
+    assert order.release() == [first, again]
