@@ -1,11 +1,12 @@
-"""The pipeline agent: every input topic in, every output topic out.
+"""The pipeline: every input topic in, every output topic out.
 
-One agent reads all input topics of a partition so that it sees every fact of an execution in
-one place, and keeps the tables (in-flight executions, closed executions, operations,
-approvals) co-partitioned with them: a table's changelog partition is the partition of the
-record being processed. The agent only decodes (via ``SafeAvroSchema``), calls
+One processor reads all input topics of a partition so that it sees every fact of an execution
+in one place, and keeps its tables (execution entries, partition clocks) co-partitioned with
+them: a table's changelog partition is the partition of the record being processed. It is a
+Faust task fed whole batches by the consumer's batch drain (``agents/drain.py``) rather than a
+per-event Faust agent (see there why). Per batch it only decodes (``open_envelope``), calls
 ``Processor.handle`` and sends what it returns, each output with the timestamp of its event
-time, never the send time.
+time, never the send time; then it writes the state and acknowledges.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from typing import Any
 
 import faust
 from faust.streams import _current_event
-from faust.types import TP
 
+from agents.changelog import DirectTable
+from agents.drain import BatchDrain
 from streams.admin import admin_client
 from streams.codec import AvroCodec
-from streams.envelope import SafeAvroSchema
+from streams.envelope import SafeAvroSchema, open_envelope
 from streams.feed import Feed
 from streams.metrics import Metrics
 from streams.offsets import AckOrder, Check, OffsetGuard
@@ -56,14 +58,17 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     schema = SafeAvroSchema(codec, {t.name: t.value_types for t in topics.inputs()})
     source = app.topic(*(t.name for t in topics.inputs()), schema=schema)
     n = settings.partitions
-    stores = Stores(
-        executions=_table(app, "executions", n),
-        clocks=_table(app, "partition-clocks", n),
-    )
+    executions = DirectTable(_table(app, "executions", n))
+    clocks = DirectTable(_table(app, "partition-clocks", n))
+    stores = Stores(executions=executions, clocks=clocks)
+
+    # The group's committed offsets, as of the start of the batch being processed: the
+    # processor asks for them for every position an entry holds, so they are read once per
+    # batch. An older value is a lower one, which only keeps a position longer.
+    committed_now: dict[tuple[str, int], int | None] = {}
 
     def committed(topic: str, partition: int) -> int | None:
-        consumer = getattr(app, "consumer", None)
-        return None if consumer is None else consumer._committed_offset.get(TP(topic, partition))
+        return committed_now.get((topic, partition))
 
     processor = Processor.from_settings(
         settings, topics, stores, write_behind=True, committed=committed
@@ -93,9 +98,8 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
             list((k, v.encode()) for k, v in em.headers) or None,
         )
 
-    async def admit(event: Any) -> bool:
-        """The offset guard: whether to process ``event`` (see ``streams/offsets.py``)."""
-        msg = event.message
+    async def admit(msg: Any) -> bool:
+        """The offset guard: whether to process ``msg`` (see ``streams/offsets.py``)."""
         tp = (msg.topic, msg.partition)
         arrived[tp] = time.monotonic()
         if not guard.knows(tp):
@@ -130,7 +134,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     @app.timer(interval=2.0)
     async def watchdog() -> None:
         """Records that are on the log but never come. The guard only sees a skip when a later
-        record arrives; at the end of a stream, or when a rebalance made the agent drop a batch
+        record arrives; at the end of a stream, or when a rebalance made the worker drop a batch
         it had not acknowledged, nothing later may come. Every 2 s, a partition with nothing
         handed over for 3 s whose log ends past the next expected offset is sought back."""
         consumer = getattr(app, "consumer", None)
@@ -169,28 +173,48 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
                 await seek(tp, want)
 
     @contextlib.contextmanager
-    def in_partition(event: Any) -> Iterator[None]:
+    def in_partition(message: Any) -> Iterator[None]:
         # A Faust table writes to the changelog partition of the event being processed.
-        token = _current_event.set(weakref.ref(event))
+        at = _At(message)
+        token = _current_event.set(weakref.ref(at))
         try:
             yield
         finally:
             _current_event.reset(token)
 
-    async def process(batch: list[Any]) -> None:
-        generation = rebalances[0]
-        assignment = app.consumer.assignment()
+    allowed = {t.name: t.value_types for t in topics.inputs()}
+
+    async def process(generation: int, batch: list[Any]) -> None:
+        if generation != rebalances[0]:
+            return  # fetched before a rebalance: it comes again to the partition's owner
+        consumer = app.consumer
+        committed_now.clear()
+        committed_now.update(
+            ((tp.topic, tp.partition), offset) for tp, offset in consumer._committed_offset.items()
+        )
+        assignment = consumer.assignment()
         emissions: list[Emission] = []
         last: dict[int, Any] = {}
-        for event in batch:
-            if event.message.tp not in assignment or not await admit(event):
+        handle = processor.handle
+        for msg in batch:
+            if msg.tp not in assignment or not await admit(msg):
                 continue
             if rebalances[0] != generation:
                 return  # forget_partitions dropped this batch's state: it comes again
-            msg = event.message
-            ack_order.admit((msg.topic, msg.partition), msg.offset, event)
-            last[msg.partition] = event
-            emissions.extend(processor.handle(event.value, token=event))
+            ack_order.admit((msg.topic, msg.partition), msg.offset, msg)
+            last[msg.partition] = msg
+            ts = msg.timestamp
+            env = open_envelope(
+                codec,
+                allowed,
+                msg.topic,
+                msg.partition,
+                msg.offset,
+                int(ts * 1000) if ts else None,
+                msg.key,
+                msg.value,
+            )
+            emissions.extend(handle(env, token=msg))
         # 1. the outputs, delivered
         sent = [await send(em) for em in emissions]
         if sent:
@@ -202,7 +226,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         for p in processor.state.dirty_partitions():
             with in_partition(last[p]):
                 processor.flush(p)
-        await app.producer.flush()
+        await executions.send(app.producer)
         if rebalances[0] != generation:
             return
         # 3. then the clocks, and the inputs may be committed
@@ -210,43 +234,92 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
             if p in last:
                 with in_partition(last[p]):
                     processor.flush_clocks(p)
+        await clocks.send(app.producer)
         for done in processor.drain_done():
             ack_order.finish(done)
         for ready in ack_order.release():
-            ready.ack()
+            consumer.ack(ready)
         if emissions:
             feed.publish(em.record for em in emissions)
             now = time.time()
-            for event in batch:
-                if event.message.timestamp:
-                    metrics.latency.observe(max(0.0, now - event.message.timestamp))
+            for msg in batch:
+                if msg.timestamp:
+                    metrics.latency.observe(max(0.0, now - msg.timestamp))
 
-    @app.agent(source, name="vigil-pipeline", concurrency=1)
-    async def pipeline(stream: faust.StreamT) -> None:
-        # Manual acknowledgement: an event held until the watermark passes its time is not
+    # The input topics are subscribed like an agent's, but their records come from the
+    # batch drain (agents/drain.py), not through Faust's per-event stream.
+    app.topics.add(source)
+    drain = BatchDrain(
+        input_names,
+        lambda: rebalances[0],
+        batch_size=settings.batch_size,
+        batch_wait=settings.batch_wait.total_seconds(),
+    )
+    _install_drain(app, drain)
+
+    def forget() -> None:
+        """Drop everything a batch in progress did that is not yet on the broker."""
+        processor.forget_partitions()
+        executions.discard()
+        clocks.discard()
+        guard.reset()
+        ack_order.reset()
+
+    @app.task
+    async def pipeline() -> None:
+        # Manual acknowledgement: a record held until the watermark passes its time is not
         # acknowledged, so its offset is not committed, and after a crash or a rebalance
         # Kafka delivers it again. Acknowledged only once processed, its outputs delivered
         # and the state that reflects it written.
-        async for batch in stream.noack_take(
-            settings.batch_size, within=settings.batch_wait.total_seconds()
-        ):
-            await process(batch)
+        async for generation, batch in drain.batches():
+            try:
+                await process(generation, batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Never silently: the batch is not acknowledged, so forget what it did to the
+                # state; the watchdog seeks back to the first unacknowledged record.
+                log.exception("batch of %s records failed; it will be read again", len(batch))
+                metrics.batch_failures.inc()
+                forget()
 
     @app.on_partitions_revoked.connect
     async def _revoked(app: faust.App, revoked: Any, **_: Any) -> None:
         rebalances[0] += 1
-        processor.forget_partitions()
-        guard.reset()
-        ack_order.reset()
+        drain.clear()
+        forget()
 
     @app.on_partitions_assigned.connect
     async def _assigned(app: faust.App, assigned: Any, **_: Any) -> None:
         rebalances[0] += 1
-        processor.forget_partitions()
-        guard.reset()
-        ack_order.reset()
+        drain.clear()
+        forget()
 
     return processor
+
+
+class _At:
+    """What a Faust table asks of "the event being processed": its message's partition."""
+
+    __slots__ = ("__weakref__", "message")
+
+    def __init__(self, message: Any) -> None:
+        self.message = message
+
+
+def _install_drain(app: faust.App, drain: BatchDrain) -> None:
+    """Give the worker's consumer the batch drain, whenever Faust creates it."""
+    if app._consumer is not None:
+        drain.install(app._consumer)
+        return
+    new_consumer = app._new_consumer
+
+    def _new_consumer() -> Any:
+        consumer = new_consumer()
+        drain.install(consumer)
+        return consumer
+
+    app._new_consumer = _new_consumer  # type: ignore[method-assign]
 
 
 def _committed_offsets(

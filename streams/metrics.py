@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from streams.core import approvals as ap
@@ -125,6 +125,12 @@ class Metrics:
             "From an input record's timestamp to the send of its outputs (for live traffic, "
             "log append to output)",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.batch_failures = Counter(
+            "vigil_batch_failures",
+            "Batches whose processing raised; each is read again from its first "
+            "unacknowledged record",
             registry=self.registry,
         )
 

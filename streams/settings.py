@@ -82,7 +82,7 @@ class Settings:
     #: VIGIL_BATCH_SIZE, VIGIL_BATCH_WAIT — the worker takes up to this many input records, or
     #: what came within this wait, processes them, delivers their outputs, then writes its state
     #: once for the lot: larger batches, fewer round trips; a longer wait, more latency.
-    batch_size: int = 500
+    batch_size: int = 5000
     batch_wait: timedelta = timedelta(milliseconds=20)
     #: KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD
     security_protocol: str = "PLAINTEXT"
