@@ -25,6 +25,7 @@ from faust.streams import _current_event
 from agents.changelog import DirectTable
 from agents.drain import BatchDrain
 from streams.admin import admin_client
+from streams.clients import RecordProducer
 from streams.codec import AvroCodec
 from streams.envelope import SafeAvroSchema, open_envelope
 from streams.feed import Feed
@@ -84,19 +85,23 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     arrived: dict[tuple[str, int], float] = {}
     input_names = {t.name for t in topics.inputs()}
 
-    async def send(em: Emission) -> Any:
-        """Straight to the producer (Faust's ``Topic.send`` wraps every record in futures and
-        callbacks this worker does not use); returns the delivery future. The producer's
-        default partitioner is murmur2 on the key, as Java clients partition."""
-        ts = em.timestamp_ms
-        return await app.producer.send(
+    # Outputs go through librdkafka (confluent-kafka): a produce call costs a few
+    # microseconds, where aiokafka's send is a coroutine, a future and a callback per record.
+    # Idempotent, acks=all, murmur2 on the key as Java clients and Faust partition.
+    outputs = RecordProducer(settings, codec, acks="all")
+
+    def send(em: Emission) -> None:
+        outputs.send_encoded(
             em.topic,
             em.key.encode() if em.key is not None else None,
             codec.encode(em.topic, em.record),
-            None,
-            ts / 1000.0 if ts is not None else None,
-            list((k, v.encode()) for k, v in em.headers) or None,
+            em.timestamp_ms,
+            [(k, v.encode()) for k, v in em.headers] or None,
         )
+
+    async def delivered() -> None:
+        """Wait until the broker has every output sent so far (raises if one failed)."""
+        await asyncio.to_thread(outputs.flush, 60.0)
 
     async def admit(msg: Any) -> bool:
         """The offset guard: whether to process ``msg`` (see ``streams/offsets.py``)."""
@@ -216,10 +221,10 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
             )
             emissions.extend(handle(env, token=msg))
         # 1. the outputs, delivered
-        sent = [await send(em) for em in emissions]
-        if sent:
-            await app.producer.flush()
-            await asyncio.gather(*sent)
+        if emissions:
+            for em in emissions:
+                send(em)
+            await delivered()
         if rebalances[0] != generation:
             return
         # 2. then the state that says they were published, delivered

@@ -1,4 +1,4 @@
-"""Producing and consuming contract records with confluent-kafka (CLI, ticker, tests).
+"""Producing and consuming contract records with confluent-kafka (worker outputs, CLI, tests).
 
 Producers use the murmur2 partitioner: aiokafka (under Faust) hashes keys with murmur2 like the
 Java client, while librdkafka defaults to CRC32; disagreeing would split an execution's events
@@ -69,6 +69,29 @@ class RecordProducer:
             **kwargs,
         )
         self.producer.poll(0)
+
+    def send_encoded(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        timestamp_ms: int | None,
+        headers: list[tuple[str, bytes]] | None,
+    ) -> None:
+        """An already encoded record; waits for room when librdkafka's queue is full."""
+        kwargs: dict[str, Any] = {}
+        if timestamp_ms is not None:
+            kwargs["timestamp"] = timestamp_ms
+        if headers:
+            kwargs["headers"] = headers
+        while True:
+            try:
+                self.producer.produce(
+                    topic, value=value, key=key, on_delivery=self._on_delivery, **kwargs
+                )
+                return
+            except BufferError:
+                self.producer.poll(0.05)
 
     def send_raw(
         self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None
