@@ -116,7 +116,10 @@ class ExecutionStore:
         return cached
 
     def touch(self, execution_id: str) -> None:
-        self._dirty.setdefault(self.partition, set()).add(execution_id)
+        keys = self._dirty.get(self.partition)
+        if keys is None:
+            keys = self._dirty[self.partition] = set()
+        keys.add(execution_id)
 
     def dirty_partitions(self) -> list[int]:
         return sorted(p for p, keys in self._dirty.items() if keys)
@@ -203,19 +206,11 @@ class ExecutionStore:
         committed: Callable[[int, int], int | None],
     ) -> None:
         e = self.entry(execution_id)
-        # the committed offset asked once per input topic partition, not once per position
-        offsets: dict[tuple[int, int], int | None] = {}
-        seen = []
-        for s in e.seen:
-            if s == position:
-                continue
-            tp = (s[0], s[1])
-            if tp in offsets:
-                c = offsets[tp]
-            else:
-                c = offsets[tp] = committed(s[0], s[1])
-            if c is None or s[2] >= c:
-                seen.append(s)
+        seen = [
+            s
+            for s in e.seen
+            if s != position and ((c := committed(s[0], s[1])) is None or s[2] >= c)
+        ]
         seen.append(position)
         e.seen = seen[-MAX_SEEN:]
         self.touch(execution_id)

@@ -949,13 +949,13 @@ def advance(
     last = dict(book.last_verdicts)
     emitted: list[ApprovalVerdict] = []
     for rid in sorted(book.requests):
-        facts = facts_for(book, rid)
-        req = facts.request
+        req = book.requests[rid].request
         if req is None:
             continue
         previous = last.get(rid)
         if rid not in dirty and previous is not None and previous.verdict in _TIME_FINAL:
             continue
+        facts = facts_for(book, rid)  # joined only for the requests evaluated
         thresholds = thresholds_for(facts)
         points = {
             p for p in change_points(facts, thresholds) if (start is None or p > start) and p <= to
@@ -1047,13 +1047,13 @@ def next_change(
     ``thresholds_for`` must be the one given to ``advance`` (default: the built-in defaults)."""
     thresholds_for = thresholds_for or threshold_resolver()
     best: datetime | None = None
-    for rid in book.requests:
-        facts = facts_for(book, rid)
-        if facts.request is None:
+    for rid, own in book.requests.items():
+        if own.request is None:
             continue
         last = book.last_verdicts.get(rid)
         if last is not None and last.verdict in _TIME_FINAL and rid not in book.dirty:
             continue
+        facts = facts_for(book, rid)  # joined only for the requests that can still change
         for point in change_points(facts, thresholds_for(facts)):
             if book.evaluated_until is None or point > book.evaluated_until:
                 if best is None or point < best:

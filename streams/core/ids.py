@@ -24,6 +24,12 @@ def deterministic_id(kind: str, *parts: object) -> str:
     # ``_part``. Several ids are made per event, so the common case skips the call.
     texts = [kind]
     for value in parts:
-        texts.append(value if type(value) is str else _part(value))
+        cls = type(value)
+        if cls is str:
+            texts.append(value)
+        elif cls is int:
+            texts.append(str(value))
+        else:
+            texts.append(_part(value))
     digest = _sha256("\x1f".join(texts).encode()).hexdigest()
     return f"{kind}-{digest[:24]}"
