@@ -206,11 +206,19 @@ class ExecutionStore:
         committed: Callable[[int, int], int | None],
     ) -> None:
         e = self.entry(execution_id)
-        seen = [
-            s
-            for s in e.seen
-            if s != position and ((c := committed(s[0], s[1])) is None or s[2] >= c)
-        ]
+        # ``committed`` (a lookup) is asked again only when the topic partition changes from
+        # one position to the next: positions come in runs of the same input.
+        seen: list[Position] = []
+        last_rank: int | None = None
+        last_partition: int | None = None
+        c: int | None = None
+        for s in e.seen:
+            rank, partition, offset = s
+            if rank != last_rank or partition != last_partition:
+                c = committed(rank, partition)
+                last_rank, last_partition = rank, partition
+            if s != position and (c is None or offset >= c):
+                seen.append(s)
         seen.append(position)
         e.seen = seen[-MAX_SEEN:]
         self.touch(execution_id)

@@ -968,7 +968,9 @@ def advance(
             evaluation = evaluate(facts, point, thresholds)
             if previous is None or previous.verdict is not evaluation.verdict:
                 emitted.append(to_verdict(evaluation, previous.verdict if previous else None))
-                previous = LastVerdict(verdict=evaluation.verdict, since=point)
+                previous = construct(
+                    LastVerdict, {"verdict": evaluation.verdict, "since": to_millis(point)}
+                )
                 last[rid] = previous
     new_book = replace(book, last_verdicts=last, evaluated_until=to, dirty=())
     emitted.sort(key=lambda v: (v.evaluated_at, v.request_id))

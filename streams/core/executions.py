@@ -246,12 +246,16 @@ def _advance(slot: InFlight | None, event: ExecutionStatusChanged) -> ExecutionS
         return ExecutionStep(slot=would_be, published=to_state(would_be))
     # The final state is published from the would-be slot; the table keeps only the tombstone.
     final = _state(would_be, event.status)
-    closed = Closed(
-        execution_id=event.execution_id,
-        status=event.status,
-        closed_at=at,
-        last_sequence=event.sequence,
-        last_event_id=event.event_id,
+    closed = construct(  # terminal, as checked above
+        Closed,
+        {
+            "kind": "closed",
+            "execution_id": event.execution_id,
+            "status": event.status,
+            "closed_at": at,
+            "last_sequence": event.sequence,
+            "last_event_id": event.event_id,
+        },
     )
     return ExecutionStep(slot=closed, published=final, closed=True)
 

@@ -454,11 +454,7 @@ def apply_event(
         update["reply_due_at"] = max(t, event.reply_due_at or to_millis(t + reply_timeout))
     if status is S.ACKNOWLEDGED:
         update["verify_due_at"] = max(t, event.verify_due_at or to_millis(t + verify_timeout))
-    rec = (
-        AttemptRecord(attempt=event.attempt, **update)  # type: ignore[arg-type]
-        if old is None
-        else replace(old, **update)
-    )
+    rec = _first_attempt(event.attempt, update) if old is None else replace(old, **update)
 
     outputs: list[Record] = []
     alert = None
@@ -473,6 +469,31 @@ def apply_event(
     if alert is not None:
         outputs.append(alert)
     return OperationStep(book, tuple(outputs), ())
+
+
+def _first_attempt(attempt: int, update: dict[str, object]) -> AttemptRecord:
+    """A new attempt from the values ``apply_event`` derived (valid by construction: times
+    from a valid event, enums, tuples), without re-validation; the rest at their defaults."""
+    return construct(
+        AttemptRecord,
+        {
+            "attempt": attempt,
+            "connector": update["connector"],
+            "idempotency_key": update["idempotency_key"],
+            "status": update["status"],
+            "reason": update["reason"],
+            "since": update["since"],
+            "sent": update["sent"],
+            "reply_due_at": update.get("reply_due_at"),
+            "verify_due_at": update.get("verify_due_at"),
+            "effect_ref": update["effect_ref"],
+            "work_item_id": None,
+            "work_item_kind": None,
+            "alert_id": None,
+            "kinds": update["kinds"],
+            "event_ids": update["event_ids"],
+        },
+    )
 
 
 def _fire(
@@ -514,38 +535,47 @@ def _fire(
     out: list[Record] = []
     if _is_current(book, operation_id, rec):
         out.append(_state(book, operation_id, rec))
+    at = to_millis(deadline)  # as the records' validators would put it
+    # Both records built without re-validation: every value comes from a valid attempt.
     out.append(
-        ReconciliationWorkItem(
-            work_item_id=wi_id,
-            operation_id=operation_id,
-            execution_id=book.execution_id,
-            attempt=rec.attempt,
-            idempotency_key=rec.idempotency_key,
-            connector=rec.connector,
-            kind=wi_kind,
-            deadline=deadline,
-            created_at=deadline,
-            effect_ref=rec.effect_ref,
+        construct(
+            ReconciliationWorkItem,
+            {
+                "work_item_id": wi_id,
+                "operation_id": operation_id,
+                "execution_id": book.execution_id,
+                "attempt": rec.attempt,
+                "idempotency_key": rec.idempotency_key,
+                "connector": rec.connector,
+                "kind": wi_kind,
+                "deadline": at,
+                "created_at": at,
+                "effect_ref": rec.effect_ref,
+            },
         )
     )
     out.append(
-        Alert(
-            alert_id=alert_id,
-            kind=alert_kind,
-            status=AlertStatus.FIRING,
-            severity=Severity.WARNING,
-            execution_id=book.execution_id,
-            subject_id=operation_id,
-            verdict=status.value,
-            owner=Owner.CONNECTOR_OWNER,
-            next_step=next_step,
-            evidence=(
-                f"attempt={operation_id}#{rec.attempt}",
-                f"{reason}={to_millis(deadline).isoformat()}",
-                f"connector={rec.connector}",
-                f"work_item={wi_id}",
-            ),
-            occurred_at=deadline,
+        construct(
+            Alert,
+            {
+                "alert_id": alert_id,
+                "kind": alert_kind,
+                "status": AlertStatus.FIRING,
+                "severity": Severity.WARNING,
+                "execution_id": book.execution_id,
+                "subject_id": operation_id,
+                "verdict": status.value,
+                "owner": Owner.CONNECTOR_OWNER,
+                "next_step": next_step,
+                "evidence": (
+                    f"attempt={operation_id}#{rec.attempt}",
+                    f"{reason}={at.isoformat()}",
+                    f"connector={rec.connector}",
+                    f"work_item={wi_id}",
+                ),
+                "occurred_at": at,
+                "resolves_alert_id": None,
+            },
         )
     )
     return book, out
