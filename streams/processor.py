@@ -131,6 +131,10 @@ class Processor:
         self.closed_retention = closed_retention
         self.orphan_after = orphan_after
         self.clocks: dict[int, PartitionClock] = {}
+        #: the watermark of each partition's clock, with the clock it was computed from
+        self._marks: dict[int, tuple[PartitionClock, datetime | None]] = {}
+        #: execution id -> partition (murmur2 of the id), memoised: several lookups per event
+        self._partitions: dict[str, int] = {}
         # Due-time index per partition: a heap of (due ms, execution id). Stale entries are
         # harmless (advancing a book is idempotent); rebuilt from the tables on first use.
         self.due: dict[int, list[tuple[int, str]]] = {}
@@ -178,6 +182,7 @@ class Processor:
         the tables. Decisions are stamped with exact due times, so nothing is decided twice
         or differently; at worst one tick later."""
         self.clocks.clear()
+        self._marks.clear()
         self.due.clear()
         self.dirty.clear()
         # Held events were never acknowledged: Kafka redelivers them to the new owner. So it
@@ -253,8 +258,8 @@ class Processor:
             out.append(self._anomaly(env, record, refusal))
             return out
         t: datetime = record.occurred_at  # type: ignore[attr-defined]
-        clock = self._clock(env.partition)
-        if clock is not None and clock.is_late(t):
+        watermark = self._watermark(env.partition)
+        if watermark is not None and t < watermark:  # clock.is_late(t), its watermark cached
             # Behind the watermark: its time has been judged already. Applied at once (it is
             # still a fact); its effect shows from the next evaluated instant.
             self._apply(env, record, out)
@@ -293,7 +298,8 @@ class Processor:
     # -- validation the core cannot do (it does not know keys or stream time) --------------
     def _check(self, env: Envelope, record: Record) -> AnomalyFinding | None:
         key = env.key.decode(errors="replace") if env.key is not None else None
-        execution_id = getattr(record, "execution_id", None)
+        fields = record.__dict__
+        execution_id = fields.get("execution_id")
         if key != execution_id:
             return AnomalyFinding(
                 AnomalyKind.KEY_MISMATCH,
@@ -301,7 +307,7 @@ class Processor:
                 "sit in the wrong partition, away from the rest of its execution",
             )
         for field_name in ("decision", "outcome"):
-            if getattr(record, field_name, None) == "UNRECOGNIZED":
+            if fields.get(field_name) == "UNRECOGNIZED":
                 return AnomalyFinding(
                     AnomalyKind.UNRECOGNIZED_SYMBOL,
                     f"{record.avro_name}.{field_name} has a symbol this version does not know;"
@@ -444,16 +450,19 @@ class Processor:
         book = self._load_approvals(execution_id)
         if book is None:
             return None
-        previous_ids = {
-            rid: deterministic_id("verdict", rid, lv.verdict, lv.since)
-            for rid, lv in book.last_verdicts.items()
-        }
         new_book, verdicts = ap.advance(book, horizon, self.thresholds_for)
         new_book, orphans = ap.take_orphans(new_book, horizon - self.orphan_after)
         new_book = ap.purge_closed(new_book, horizon - self.closed_retention)
+        # The id of the verdict record each request leaves, made only for requests that
+        # change (most advances change none).
+        previous_ids: dict[str, str] = {}
         for v in verdicts:
             out.append(self._emit(v))
-            out.extend(self._emit(a) for a in verdict_alerts(v, previous_ids.get(v.request_id)))
+            previous_id = previous_ids.get(v.request_id)
+            if previous_id is None and v.request_id in book.last_verdicts:
+                lv = book.last_verdicts[v.request_id]
+                previous_id = deterministic_id("verdict", v.request_id, lv.verdict, lv.since)
+            out.extend(self._emit(a) for a in verdict_alerts(v, previous_id))
             previous_ids[v.request_id] = v.verdict_id
         for request_id, last_fact in orphans:
             out.append(self._orphan(execution_id, request_id, last_fact))
@@ -515,16 +524,31 @@ class Processor:
         if env.topic not in self.input_names:
             return
         clock = self._clock(env.partition) or PartitionClock.start(self.input_names)
-        before = clock.watermark
-        clock = clock.observe(env.topic, t)
-        self.clocks[env.partition] = clock
-        after = clock.watermark
+        moved = clock.observe(env.topic, t)
+        if moved is clock:
+            return  # not newer than its topic's maximum: nothing moves
+        before = self._watermark(env.partition)
+        self.clocks[env.partition] = moved
+        after = self._watermark(env.partition)
         if after != before:
             self._clocks_dirty.add(env.partition)
         if after is not None and before is None:
             self._on_first_watermark(env.partition, after, out)
         if after is not None and (before is None or after > before):
             self._on_watermark(env.partition, after, out)
+
+    def _watermark(self, partition: int) -> datetime | None:
+        """The watermark of the partition's clock (None: no clock, or not every input seen),
+        computed once per clock: it is asked several times per record."""
+        clock = self._clock(partition)
+        if clock is None:
+            return None
+        cached = self._marks.get(partition)
+        if cached is not None and cached[0] is clock:
+            return cached[1]
+        watermark = clock.watermark
+        self._marks[partition] = (clock, watermark)
+        return watermark
 
     def _clock(self, partition: int) -> PartitionClock | None:
         clock = self.clocks.get(partition)
@@ -600,7 +624,8 @@ class Processor:
 
     def _anomaly(self, env: Envelope, record: Record, finding: AnomalyFinding) -> Emission:
         self.counters.anomalies[finding.kind] += 1
-        occurred = getattr(record, "occurred_at", None)
+        fields = record.__dict__
+        occurred = fields.get("occurred_at")
         # The offending event's own time, not the stream time when it was read: that depends
         # on how topics interleave, and a replay must give the very same record.
         detected = occurred or _ts(env)
@@ -615,8 +640,8 @@ class Processor:
                 ),
                 kind=finding.kind,
                 reason=finding.reason,
-                execution_id=getattr(record, "execution_id", None),
-                event_id=getattr(record, "event_id", None),
+                execution_id=fields.get("execution_id"),
+                event_id=fields.get("event_id"),
                 event_type=record.avro_name,
                 source_topic=env.topic,
                 source_partition=env.partition,
@@ -667,7 +692,13 @@ class Processor:
         return Emission(self.topics.dead_letters.name, key, rec)
 
     def partition_of(self, execution_id: str) -> int:
-        return partition_of(execution_id, self.partitions)
+        partition = self._partitions.get(execution_id)
+        if partition is None:
+            if len(self._partitions) >= 1 << 16:
+                self._partitions.clear()  # a memo, not state: bounded by forgetting
+            partition = partition_of(execution_id, self.partitions)
+            self._partitions[execution_id] = partition
+        return partition
 
 
 def alert_headers(alert: Alert) -> tuple[tuple[str, str], ...]:

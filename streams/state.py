@@ -30,6 +30,8 @@ FIELDS = ("inflight", "closed", "operations", "approvals")
 #: dropped anyway (Kafka never redelivers them); this bounds an execution whose inputs come
 #: faster than offsets are committed.
 MAX_SEEN = 64
+#: Flushed entries kept decoded at most (see ``ExecutionStore._kept``).
+MAX_KEPT = 4096
 
 Position = tuple[int, int, int]  # (input topic rank, partition, offset)
 
@@ -86,6 +88,11 @@ class ExecutionStore:
     def __init__(self, table: MutableMapping[str, Any]) -> None:
         self.table = table
         self._cache: dict[str, Entry] = {}
+        #: Entries written by ``flush``, decoded, with the very text written: reused while the
+        #: table still holds that text, so that a worker flushing after every input (replays,
+        #: tests) does not parse again, at the next input, what it has just written. Oldest
+        #: dropped first beyond ``MAX_KEPT``.
+        self._kept: dict[str, tuple[str, Entry]] = {}
         #: dirty keys per partition: a Faust table writes an entry to the changelog partition
         #: of the input being processed, so the shell flushes one partition at a time.
         self._dirty: dict[int, set[str]] = {}
@@ -97,12 +104,22 @@ class ExecutionStore:
         cached = self._cache.get(execution_id)
         if cached is None:
             raw = self.table.get(execution_id)
-            cached = Entry() if raw is None else Entry.decode(raw)
+            kept = self._kept.get(execution_id)
+            if kept is not None and raw is not None and (kept[0] is raw or kept[0] == raw):
+                # What decoding ``raw`` would give, already decoded. It stays kept too: a
+                # change to it makes it dirty, so it stays in the cache until flushed (and kept
+                # anew) or discarded (and every kept entry with it).
+                cached = kept[1]
+            else:
+                cached = Entry() if raw is None else Entry.decode(raw)
             self._cache[execution_id] = cached
         return cached
 
     def touch(self, execution_id: str) -> None:
-        self._dirty.setdefault(self.partition, set()).add(execution_id)
+        keys = self._dirty.get(self.partition)
+        if keys is None:
+            keys = self._dirty[self.partition] = set()
+        keys.add(execution_id)
 
     def dirty_partitions(self) -> list[int]:
         return sorted(p for p, keys in self._dirty.items() if keys)
@@ -111,23 +128,37 @@ class ExecutionStore:
         """Write the dirty entries (of one partition, or all) to the table; an empty entry is
         deleted. The cache is emptied once nothing is dirty any more. Returns how many."""
         n = 0
-        for p in [partition] if partition is not None else self.dirty_partitions():
-            for key in sorted(self._dirty.pop(p, ())):
-                e = self._cache[key]
-                if e.empty():
-                    if key in self.table:
-                        del self.table[key]
-                else:
-                    self.table[key] = e.encode()
-                n += 1
+        try:
+            for p in [partition] if partition is not None else self.dirty_partitions():
+                for key in sorted(self._dirty.pop(p, ())):
+                    e = self._cache[key]
+                    if e.empty():
+                        self._kept.pop(key, None)
+                        if key in self.table:
+                            del self.table[key]
+                    else:
+                        text = e.encode()
+                        self.table[key] = text
+                        self._keep(key, text, e)
+                    n += 1
+        except BaseException:
+            self._kept.clear()  # a kept entry may hold changes the table did not take
+            raise
         if not any(self._dirty.values()):
             self._dirty.clear()
             self._cache.clear()
         return n
 
+    def _keep(self, key: str, text: str, e: Entry) -> None:
+        self._kept.pop(key, None)
+        if len(self._kept) >= MAX_KEPT:
+            del self._kept[next(iter(self._kept))]
+        self._kept[key] = (text, e)
+
     def discard(self) -> None:
         self._dirty.clear()
         self._cache.clear()
+        self._kept.clear()
 
     def pending(self) -> int:
         return sum(len(keys) for keys in self._dirty.values())
@@ -175,11 +206,19 @@ class ExecutionStore:
         committed: Callable[[int, int], int | None],
     ) -> None:
         e = self.entry(execution_id)
-        seen = [
-            s
-            for s in e.seen
-            if s != position and ((c := committed(s[0], s[1])) is None or s[2] >= c)
-        ]
+        # ``committed`` (a lookup) is asked again only when the topic partition changes from
+        # one position to the next: positions come in runs of the same input.
+        seen: list[Position] = []
+        last_rank: int | None = None
+        last_partition: int | None = None
+        c: int | None = None
+        for s in e.seen:
+            rank, partition, offset = s
+            if rank != last_rank or partition != last_partition:
+                c = committed(rank, partition)
+                last_rank, last_partition = rank, partition
+            if s != position and (c is None or offset >= c):
+                seen.append(s)
         seen.append(position)
         e.seen = seen[-MAX_SEEN:]
         self.touch(execution_id)

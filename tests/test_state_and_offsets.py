@@ -51,6 +51,19 @@ def test_discard_forgets_what_was_not_flushed() -> None:
     assert store.pending() == 0
 
 
+def test_a_flushed_entry_is_reused_decoded_only_while_the_table_holds_its_text() -> None:
+    table: dict[str, str] = {}
+    store = ExecutionStore(table)
+    store.save("a", "inflight", {"v": 1}, lambda obj: f'{{"v":{obj["v"]}}}')
+    store.flush()
+    assert store.load("a", "inflight", lambda text: "parsed") == {"v": 1}  # kept decoded
+    store.flush()
+    table["a"] = Entry(inflight='{"v":2}').encode()  # written by someone else meanwhile
+    assert store.load("a", "inflight", lambda text: text) == '{"v":2}'
+    store.discard()
+    assert store.load("a", "inflight", lambda text: "again") == "again"
+
+
 def test_applied_positions_are_pruned_below_the_committed_offset_and_bounded() -> None:
     store = ExecutionStore({})
     committed = {0: 5}

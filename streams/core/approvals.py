@@ -31,12 +31,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any, TypeVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, field_validator
 
 from streams.core.ids import deterministic_id
-from streams.models.base import to_millis
+from streams.models.base import construct, replace, to_millis
 from streams.models.enums import (
     ApprovalVerdictCode,
     DecisionCode,
@@ -210,12 +211,18 @@ class ThresholdSet(_NonNegative):
     def record(self, evaluated_at: datetime) -> Thresholds:
         """The contract form published with every verdict (milliseconds plus evaluation time)."""
         ms = timedelta(milliseconds=1)
-        return Thresholds(
-            grace_ms=self.grace // ms,
-            heartbeat_fresh_ms=self.heartbeat_fresh // ms,
-            delivery_deadline_ms=self.delivery_deadline // ms,
-            evaluated_at=evaluated_at,
-        )
+        values = {
+            "grace_ms": self.grace // ms,
+            "heartbeat_fresh_ms": self.heartbeat_fresh // ms,
+            "delivery_deadline_ms": self.delivery_deadline // ms,
+            "evaluated_at": evaluated_at,
+        }
+        if evaluated_at.tzinfo is None:
+            return Thresholds(**values)  # refused, with validation's own error
+        # Built without re-validation (once per evaluation): whole milliseconds are ints, and
+        # the time is put in UTC milliseconds as the record's validator would.
+        values["evaluated_at"] = to_millis(evaluated_at)
+        return construct(Thresholds, values)
 
 
 class ThresholdOverrides(_NonNegative):
@@ -366,18 +373,30 @@ def resolve_thresholds(
     low-risk preview may resume in seconds; a production change may wait on purpose). Each of
     the three thresholds is resolved on its own, so a policy may set only the grace period.
     """
-    defaults = defaults or ThresholdSet()
     part = request.request if isinstance(request, ApprovalFacts) else request
     if part is None:
-        return defaults
+        return defaults or ThresholdSet()
+    return _resolve(part.policy, part.action, part.overrides, policies, defaults)
+
+
+def _resolve(
+    policy_name: str | None,
+    action: str | None,
+    overrides: ThresholdOverrides,
+    policies: Mapping[str, ThresholdOverrides | ThresholdSet] | None,
+    defaults: ThresholdSet | None,
+) -> ThresholdSet:
+    """``resolve_thresholds`` for a request with this policy name, action and overrides: all
+    that the answer depends on."""
+    defaults = defaults or ThresholdSet()
     policy: ThresholdOverrides | ThresholdSet | None = None
-    for name in (part.policy, part.action):
+    for name in (policy_name, action):
         if name is not None and policies and name in policies:
             policy = policies[name]
             break
 
     def pick(field: str) -> timedelta:
-        for source in (part.overrides, policy):
+        for source in (overrides, policy):
             value = getattr(source, field, None) if source is not None else None
             if value is not None:
                 return value  # type: ignore[no-any-return]
@@ -394,8 +413,27 @@ def threshold_resolver(
     policies: Mapping[str, ThresholdOverrides | ThresholdSet] | None = None,
     defaults: ThresholdSet | None = None,
 ) -> Callable[[ApprovalFacts], ThresholdSet]:
-    """``resolve_thresholds`` with the configuration bound: the ``thresholds_for`` of advance."""
-    return lambda facts: resolve_thresholds(facts, policies, defaults)
+    """``resolve_thresholds`` with the configuration bound: the ``thresholds_for`` of advance.
+
+    The answer depends only on the request's policy, action and own overrides, so it is
+    remembered by those: ``advance`` and ``next_change`` ask for every open request each time
+    stream time moves. ``policies`` and ``defaults`` must not change afterwards."""
+
+    fallback = defaults or ThresholdSet()
+
+    @lru_cache(maxsize=1024)
+    def resolve_for(
+        policy_name: str | None, action: str | None, overrides: ThresholdOverrides
+    ) -> ThresholdSet:
+        return _resolve(policy_name, action, overrides, policies, defaults)
+
+    def resolve(facts: ApprovalFacts) -> ThresholdSet:
+        part = facts.request
+        if part is None:
+            return fallback
+        return resolve_for(part.policy, part.action, part.overrides)
+
+    return resolve
 
 
 # --------------------------------------------------------------------------------------------
@@ -417,7 +455,8 @@ class Evaluation(_TimedModel):
 
 
 def _finding(proof: Proof, state: ProofState, reason: str) -> ProofFinding:
-    return ProofFinding(proof=proof, state=state, reason=reason)
+    # Built without re-validation (several per evaluation): enums and a reason code.
+    return construct(ProofFinding, {"proof": proof, "state": state, "reason": reason})
 
 
 def _failed(proof: Proof, reason: str) -> ProofFinding:
@@ -647,15 +686,21 @@ def evaluate(facts: ApprovalFacts, at: datetime, thresholds: ThresholdSet) -> Ev
 
     owner, next_step = VERDICT_GUIDANCE[verdict]
     ordered = sorted(set(findings), key=lambda f: (_PROOF_ORDER[f.proof], f.reason))
-    return Evaluation(
-        request_id=facts.request_id,
-        execution_id=facts.execution_id,
-        verdict=verdict,
-        failed_proofs=tuple(ordered),
-        owner=owner,
-        next_step=next_step,
-        thresholds=thresholds.record(at),
-        evaluated_at=at,
+    # Built without re-validation: ``record`` has refused a naive ``at`` already, and the
+    # time is put in UTC milliseconds as the validator would.
+    record = thresholds.record(at)
+    return construct(
+        Evaluation,
+        {
+            "request_id": facts.request_id,
+            "execution_id": facts.execution_id,
+            "verdict": verdict,
+            "failed_proofs": tuple(ordered),
+            "owner": owner,
+            "next_step": next_step,
+            "thresholds": record,
+            "evaluated_at": to_millis(at),
+        },
     )
 
 
@@ -703,19 +748,23 @@ def to_verdict(
 ) -> ApprovalVerdict:
     """The published record; its id is a function of request, verdict and evaluation time,
     so a replay or a redelivery publishes the very same record."""
-    return ApprovalVerdict(
-        verdict_id=deterministic_id(
-            "verdict", evaluation.request_id, evaluation.verdict, evaluation.evaluated_at
-        ),
-        request_id=evaluation.request_id,
-        execution_id=evaluation.execution_id or "",
-        verdict=evaluation.verdict,
-        previous_verdict=previous,
-        failed_proofs=evaluation.failed_proofs,
-        owner=evaluation.owner,
-        next_step=evaluation.next_step,
-        thresholds=evaluation.thresholds,
-        evaluated_at=evaluation.evaluated_at,
+    # Built without re-validation: every value comes from a valid evaluation.
+    return construct(
+        ApprovalVerdict,
+        {
+            "verdict_id": deterministic_id(
+                "verdict", evaluation.request_id, evaluation.verdict, evaluation.evaluated_at
+            ),
+            "request_id": evaluation.request_id,
+            "execution_id": evaluation.execution_id or "",
+            "verdict": evaluation.verdict,
+            "previous_verdict": previous,
+            "failed_proofs": evaluation.failed_proofs,
+            "owner": evaluation.owner,
+            "next_step": evaluation.next_step,
+            "thresholds": evaluation.thresholds,
+            "evaluated_at": to_millis(evaluation.evaluated_at),
+        },
     )
 
 
@@ -828,46 +877,48 @@ def add_fact(book: ApprovalBook, event: ApprovalEvent) -> ApprovalBook:
                 return book
             update["heartbeats"] = tuple(sorted({*book.heartbeats, at}))
         update["dirty"] = tuple(sorted({*book.dirty, *book.requests}))
-        return book.model_copy(update=update)
+        return replace(book, **update)
 
     rid = event.request_id
     facts = book.requests.get(rid) or ApprovalFacts(request_id=rid, execution_id=execution_id)
-    data = dict(facts)
+    # Only the field the fact goes to changes, put in canonical form by its own validator:
+    # the rest of ``facts`` is valid already, so it is not validated again.
+    data = dict(facts.__dict__)
     if isinstance(event, ApprovalRequested):
         merged = _merge_request(facts.request, request_part(event))
         data["request"] = merged
     elif isinstance(event, ApprovalDelivery):
-        data["deliveries"] = (
-            *facts.deliveries,
-            DeliveryFact(at=event.occurred_at, outcome=event.outcome),
+        data["deliveries"] = ApprovalFacts._canonical_facts(
+            (*facts.deliveries, DeliveryFact(at=event.occurred_at, outcome=event.outcome))
         )
     elif isinstance(event, ApproverAcknowledgement):
-        data["acknowledgements"] = (*facts.acknowledgements, event.occurred_at)
+        data["acknowledgements"] = ApprovalFacts._canonical_times(
+            (*facts.acknowledgements, event.occurred_at)
+        )
     elif isinstance(event, ApprovalDecision):
         decision = DecisionFact(
             at=event.occurred_at, code=event.decision, action_digest=event.action_digest
         )
-        data["decisions"] = (*facts.decisions, decision)
+        data["decisions"] = ApprovalFacts._canonical_facts((*facts.decisions, decision))
     elif isinstance(event, ResumeReceipt):
-        data["receipts"] = (*facts.receipts, event.occurred_at)
+        data["receipts"] = ApprovalFacts._canonical_times((*facts.receipts, event.occurred_at))
     else:  # pragma: no cover - the union above is exhaustive
         raise TypeError(f"not an approval fact: {type(event).__name__}")
-    new_facts = ApprovalFacts.model_validate(data)
+    new_facts = construct(ApprovalFacts, data)
     if new_facts == facts and rid in book.requests:
         return book
-    return book.model_copy(
-        update={
-            "execution_id": execution_id,
-            "requests": {**book.requests, rid: new_facts},
-            "dirty": tuple(sorted({*book.dirty, rid})),
-        }
+    return replace(
+        book,
+        execution_id=execution_id,
+        requests={**book.requests, rid: new_facts},
+        dirty=tuple(sorted({*book.dirty, rid})),
     )
 
 
 def facts_for(book: ApprovalBook, request_id: str) -> ApprovalFacts:
     """One request's facts joined with its execution's digests and heartbeats."""
     facts = book.requests[request_id]
-    return facts.model_copy(update={"digests": book.digests, "heartbeats": book.heartbeats})
+    return replace(facts, digests=book.digests, heartbeats=book.heartbeats)
 
 
 def advance(
@@ -898,13 +949,13 @@ def advance(
     last = dict(book.last_verdicts)
     emitted: list[ApprovalVerdict] = []
     for rid in sorted(book.requests):
-        facts = facts_for(book, rid)
-        req = facts.request
+        req = book.requests[rid].request
         if req is None:
             continue
         previous = last.get(rid)
         if rid not in dirty and previous is not None and previous.verdict in _TIME_FINAL:
             continue
+        facts = facts_for(book, rid)  # joined only for the requests evaluated
         thresholds = thresholds_for(facts)
         points = {
             p for p in change_points(facts, thresholds) if (start is None or p > start) and p <= to
@@ -917,9 +968,11 @@ def advance(
             evaluation = evaluate(facts, point, thresholds)
             if previous is None or previous.verdict is not evaluation.verdict:
                 emitted.append(to_verdict(evaluation, previous.verdict if previous else None))
-                previous = LastVerdict(verdict=evaluation.verdict, since=point)
+                previous = construct(
+                    LastVerdict, {"verdict": evaluation.verdict, "since": to_millis(point)}
+                )
                 last[rid] = previous
-    new_book = book.model_copy(update={"last_verdicts": last, "evaluated_until": to, "dirty": ()})
+    new_book = replace(book, last_verdicts=last, evaluated_until=to, dirty=())
     emitted.sort(key=lambda v: (v.evaluated_at, v.request_id))
     return _prune(new_book), tuple(emitted)
 
@@ -959,7 +1012,7 @@ def _prune(book: ApprovalBook) -> ApprovalBook:
     digests = tuple(d for d in book.digests if d.at is None or d.at > until or d.at in keep_times)
     if heartbeats == book.heartbeats and digests == book.digests:
         return book
-    return book.model_copy(update={"heartbeats": heartbeats, "digests": digests})
+    return replace(book, heartbeats=heartbeats, digests=digests)
 
 
 def _held_times(facts: ApprovalFacts) -> list[datetime]:
@@ -996,13 +1049,13 @@ def next_change(
     ``thresholds_for`` must be the one given to ``advance`` (default: the built-in defaults)."""
     thresholds_for = thresholds_for or threshold_resolver()
     best: datetime | None = None
-    for rid in book.requests:
-        facts = facts_for(book, rid)
-        if facts.request is None:
+    for rid, own in book.requests.items():
+        if own.request is None:
             continue
         last = book.last_verdicts.get(rid)
         if last is not None and last.verdict in _TIME_FINAL and rid not in book.dirty:
             continue
+        facts = facts_for(book, rid)  # joined only for the requests that can still change
         for point in change_points(facts, thresholds_for(facts)):
             if book.evaluated_until is None or point > book.evaluated_until:
                 if best is None or point < best:
@@ -1032,12 +1085,11 @@ def purge_closed(book: ApprovalBook, before: datetime) -> ApprovalBook:
     if len(keep) == len(book.requests):
         return book
     return _prune(
-        book.model_copy(
-            update={
-                "requests": keep,
-                "last_verdicts": {r: v for r, v in book.last_verdicts.items() if r in keep},
-                "dirty": tuple(r for r in book.dirty if r in keep),
-            }
+        replace(
+            book,
+            requests=keep,
+            last_verdicts={r: v for r, v in book.last_verdicts.items() if r in keep},
+            dirty=tuple(r for r in book.dirty if r in keep),
         )
     )
 
@@ -1058,12 +1110,11 @@ def take_orphans(
     if not orphans:
         return book, ()
     gone = {rid for rid, _ in orphans}
-    kept = book.model_copy(
-        update={
-            "requests": {r: f for r, f in book.requests.items() if r not in gone},
-            "last_verdicts": {r: v for r, v in book.last_verdicts.items() if r not in gone},
-            "dirty": tuple(r for r in book.dirty if r not in gone),
-        }
+    kept = replace(
+        book,
+        requests={r: f for r, f in book.requests.items() if r not in gone},
+        last_verdicts={r: v for r, v in book.last_verdicts.items() if r not in gone},
+        dirty=tuple(r for r in book.dirty if r not in gone),
     )
     return _prune(kept), tuple(orphans)
 

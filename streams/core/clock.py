@@ -24,8 +24,13 @@ have been taken, and the shell reports it instead of silently rewriting the past
 from __future__ import annotations
 
 from datetime import datetime
+from operator import itemgetter
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, field_validator, model_validator
+
+from streams.models.base import construct
+
+_time = itemgetter(1)
 
 
 class PartitionClock(BaseModel):
@@ -62,7 +67,10 @@ class PartitionClock(BaseModel):
 
     def max_for(self, topic: str) -> datetime | None:
         """The largest event time seen on ``topic`` (None if nothing yet)."""
-        return dict(self.maxima).get(topic)
+        for seen, t in self.maxima:  # a handful of topics: a scan beats building a dict
+            if seen == topic:
+                return t
+        return None
 
     def observe(self, topic: str, t: datetime) -> PartitionClock:
         """The clock after a record of ``topic`` with event time ``t`` (a tick or an event).
@@ -81,8 +89,8 @@ class PartitionClock(BaseModel):
         maxima[topic] = t
         # Built without re-validation (once per record on the hot path): the invariants hold
         # by construction, inputs unchanged and maxima sorted, unique and within the inputs.
-        return PartitionClock.model_construct(
-            inputs=self.inputs, maxima=tuple(sorted(maxima.items()))
+        return construct(
+            PartitionClock, {"inputs": self.inputs, "maxima": tuple(sorted(maxima.items()))}
         )
 
     @property
@@ -90,13 +98,13 @@ class PartitionClock(BaseModel):
         """Minimum over the input topics of their largest event time; None until all are seen."""
         if len(self.maxima) < len(self.inputs):
             return None
-        return min(t for _, t in self.maxima)
+        return min(self.maxima, key=_time)[1]
 
     @property
     def stream_time(self) -> datetime | None:
         """The largest event time seen on the partition, any topic: informative only (metrics,
         the read side). Decisions use ``watermark``."""
-        return max((t for _, t in self.maxima), default=None)
+        return max(self.maxima, key=_time)[1] if self.maxima else None
 
     def has_passed(self, t: datetime) -> bool:
         """Whether a decision due at ``t`` may be taken now: every input has gone *past* ``t``.

@@ -17,18 +17,19 @@ same log publishes the very same records, with the very same ``state_id``.
 from __future__ import annotations
 
 import hashlib
-import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from itertools import pairwise
+from json.encoder import encode_basestring_ascii
 from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from streams.core.findings import AnomalyFinding
 from streams.core.ids import deterministic_id
-from streams.models.base import to_millis
+from streams.models.base import construct, replace, to_millis
 from streams.models.enums import AnomalyKind, ExecutionStatus
 from streams.models.events import ExecutionStatusChanged
 from streams.models.outputs import ExecutionState
@@ -169,9 +170,16 @@ class ExecutionStep:
     closed: bool = False
 
 
-def _open_digest(operation_ids: Sequence[str], approval_ids: Sequence[str]) -> str:
-    text = json.dumps([list(operation_ids), list(approval_ids)], separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+@lru_cache(maxsize=4096)
+def _open_digest(operation_ids: tuple[str, ...], approval_ids: tuple[str, ...]) -> str:
+    """16 hex digits of SHA-256 over ``json.dumps([ops, approvals], separators=(",", ":"))``.
+
+    Written out by hand (the same bytes: ``encode_basestring_ascii`` is what ``json.dumps``
+    uses for a string) and cached: one is needed per published state, and most executions
+    share the few common sets (above all, nothing open)."""
+    ops = ",".join(map(encode_basestring_ascii, operation_ids))
+    approvals = ",".join(map(encode_basestring_ascii, approval_ids))
+    return hashlib.sha256(f"[[{ops}],[{approvals}]]".encode()).hexdigest()[:16]
 
 
 def _state(slot: InFlight, status: ExecutionStatus) -> ExecutionState:
@@ -179,23 +187,28 @@ def _state(slot: InFlight, status: ExecutionStatus) -> ExecutionState:
     # sequence give a new id when the return to A comes later (a consumer deduplicating by id
     # must not drop it), while a redelivery of the same input gives the same id. Equal ids
     # always mean equal records; the id says nothing about order (the topic offset does).
-    return ExecutionState(
-        execution_id=slot.execution_id,
-        status=status,
-        since=slot.since,
-        first_seen_at=slot.first_seen_at,
-        last_event_at=slot.last_event_at,
-        last_sequence=slot.last_sequence,
-        open_operation_ids=slot.open_operation_ids,
-        open_approval_ids=slot.open_approval_ids,
-        terminal=status in TERMINAL,
-        state_id=deterministic_id(
-            "exec",
-            slot.execution_id,
-            slot.last_sequence,
-            _open_digest(slot.open_operation_ids, slot.open_approval_ids),
-            slot.last_event_at,
-        ),
+    # Built without re-validation (once per published state): every value comes from a valid
+    # slot, times are put in the contract's UTC milliseconds as validation would.
+    return construct(
+        ExecutionState,
+        {
+            "execution_id": slot.execution_id,
+            "status": status,
+            "since": to_millis(slot.since),
+            "first_seen_at": to_millis(slot.first_seen_at),
+            "last_event_at": to_millis(slot.last_event_at),
+            "last_sequence": slot.last_sequence,
+            "open_operation_ids": slot.open_operation_ids,
+            "open_approval_ids": slot.open_approval_ids,
+            "terminal": status in TERMINAL,
+            "state_id": deterministic_id(
+                "exec",
+                slot.execution_id,
+                slot.last_sequence,
+                _open_digest(slot.open_operation_ids, slot.open_approval_ids),
+                slot.last_event_at,
+            ),
+        },
     )
 
 
@@ -215,6 +228,7 @@ def _advance(slot: InFlight | None, event: ExecutionStatusChanged) -> ExecutionS
     # back: producers' clocks may disagree with the sequence; the sequence decides the order,
     # the newest time seen says how recently the execution was heard from.
     fields = {
+        "kind": "in_flight",
         "execution_id": event.execution_id,
         "status": event.status,
         "since": at,
@@ -225,17 +239,23 @@ def _advance(slot: InFlight | None, event: ExecutionStatusChanged) -> ExecutionS
         "open_operation_ids": () if slot is None else slot.open_operation_ids,
         "open_approval_ids": () if slot is None else slot.open_approval_ids,
     }
+    # Built without re-validation: the event is a valid record, the status was checked
+    # non-terminal by the caller, and the open ids come canonical from the slot.
+    would_be = construct(InFlight, fields)
     if event.status not in TERMINAL:
-        moved = InFlight(**fields)
-        return ExecutionStep(slot=moved, published=to_state(moved))
+        return ExecutionStep(slot=would_be, published=to_state(would_be))
     # The final state is published from the would-be slot; the table keeps only the tombstone.
-    final = _state(InFlight.model_construct(**fields), event.status)
-    closed = Closed(
-        execution_id=event.execution_id,
-        status=event.status,
-        closed_at=at,
-        last_sequence=event.sequence,
-        last_event_id=event.event_id,
+    final = _state(would_be, event.status)
+    closed = construct(  # terminal, as checked above
+        Closed,
+        {
+            "kind": "closed",
+            "execution_id": event.execution_id,
+            "status": event.status,
+            "closed_at": at,
+            "last_sequence": event.sequence,
+            "last_event_id": event.event_id,
+        },
     )
     return ExecutionStep(slot=closed, published=final, closed=True)
 
@@ -322,12 +342,11 @@ def set_open_items(
         return ExecutionStep(slot=slot)
     if at.tzinfo is None:
         raise ValueError("set_open_items needs an aware event time")
-    new = slot.model_copy(
-        update={
-            "open_operation_ids": ops,
-            "open_approval_ids": approvals,
-            "last_event_at": max(slot.last_event_at, to_millis(at)),
-        }
+    new = replace(
+        slot,
+        open_operation_ids=ops,
+        open_approval_ids=approvals,
+        last_event_at=max(slot.last_event_at, to_millis(at)),
     )
     return ExecutionStep(slot=new, published=to_state(new))
 

@@ -36,7 +36,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from streams.core.findings import AnomalyFinding
 from streams.core.ids import deterministic_id
-from streams.models.base import Record, to_millis
+from streams.models.base import Record, construct, replace, to_millis
 from streams.models.enums import (
     AlertKind,
     AlertStatus,
@@ -191,14 +191,14 @@ class OperationStep:
 def _put(book: OperationBook, operation_id: str, rec: AttemptRecord) -> OperationBook:
     old = book.operations.get(operation_id)
     attempts = {**(old.attempts if old else {}), rec.attempt: rec}
-    ops = {
-        **book.operations,
-        operation_id: OperationRecord(operation_id=operation_id, attempts=attempts),
-    }
+    # Built without re-validation (on every applied event and fired deadline): the attempts
+    # are valid records keyed by their number.
+    record = construct(OperationRecord, {"operation_id": operation_id, "attempts": attempts})
+    ops = {**book.operations, operation_id: record}
     index = dict(book.by_idempotency_key)
     if rec.idempotency_key and operation_id not in index.get(rec.idempotency_key, ()):
         index[rec.idempotency_key] = (*index.get(rec.idempotency_key, ()), operation_id)
-    return book.model_copy(update={"operations": ops, "by_idempotency_key": index})
+    return replace(book, operations=ops, by_idempotency_key=index)
 
 
 def _is_current(book: OperationBook, operation_id: str, rec: AttemptRecord) -> bool:
@@ -210,25 +210,30 @@ def _state(book: OperationBook, operation_id: str, rec: AttemptRecord) -> Operat
     state its expiry caused (UNKNOWN shows the reply deadline that passed)."""
     reply_due = rec.reply_due_at if rec.status in (S.SENT, S.UNKNOWN) else None
     verify_due = rec.verify_due_at if rec.status is S.ACKNOWLEDGED else None
-    return OperationState(
-        operation_id=operation_id,
-        execution_id=book.execution_id,
-        attempt=rec.attempt,
-        idempotency_key=rec.idempotency_key,
-        connector=rec.connector,
-        status=rec.status,
-        retry=retry_verdict(rec.status),
-        reason=rec.reason,
-        since=rec.since,
-        reply_due_at=reply_due,
-        verify_due_at=verify_due,
-        effect_ref=rec.effect_ref,
-        open_work_item_id=rec.work_item_id,
-        # The reason is part of the id: ACKNOWLEDGED and ACKNOWLEDGED-but-overdue are two
-        # different records with the same status and ``since``.
-        state_id=deterministic_id(
-            "os", operation_id, rec.attempt, rec.status, rec.since, rec.reason
-        ),
+    # Built without re-validation (once per published state): every value comes from a valid
+    # attempt, times are put in the contract's UTC milliseconds as validation would.
+    return construct(
+        OperationState,
+        {
+            "operation_id": operation_id,
+            "execution_id": book.execution_id,
+            "attempt": rec.attempt,
+            "idempotency_key": rec.idempotency_key,
+            "connector": rec.connector,
+            "status": rec.status,
+            "retry": retry_verdict(rec.status),
+            "reason": rec.reason,
+            "since": to_millis(rec.since),
+            "reply_due_at": None if reply_due is None else to_millis(reply_due),
+            "verify_due_at": None if verify_due is None else to_millis(verify_due),
+            "effect_ref": rec.effect_ref,
+            "open_work_item_id": rec.work_item_id,
+            # The reason is part of the id: ACKNOWLEDGED and ACKNOWLEDGED-but-overdue are two
+            # different records with the same status and ``since``.
+            "state_id": deterministic_id(
+                "os", operation_id, rec.attempt, rec.status, rec.since, rec.reason
+            ),
+        },
     )
 
 
@@ -449,10 +454,7 @@ def apply_event(
         update["reply_due_at"] = max(t, event.reply_due_at or to_millis(t + reply_timeout))
     if status is S.ACKNOWLEDGED:
         update["verify_due_at"] = max(t, event.verify_due_at or to_millis(t + verify_timeout))
-    if old is None:
-        rec = AttemptRecord(attempt=event.attempt, **update)  # type: ignore[arg-type]
-    else:
-        rec = old.model_copy(update=update)
+    rec = _first_attempt(event.attempt, update) if old is None else replace(old, **update)
 
     outputs: list[Record] = []
     alert = None
@@ -460,15 +462,38 @@ def apply_event(
         alert = _forbidden_retry(book, event, rec.idempotency_key)
     if status in SETTLED:
         outputs.extend(_settle(book, event.operation_id, rec, event))
-        rec = rec.model_copy(
-            update={"work_item_id": None, "work_item_kind": None, "alert_id": None}
-        )
+        rec = replace(rec, work_item_id=None, work_item_kind=None, alert_id=None)
     book = _put(book, event.operation_id, rec)
     if _is_current(book, event.operation_id, rec):
         outputs.insert(0, _state(book, event.operation_id, rec))
     if alert is not None:
         outputs.append(alert)
     return OperationStep(book, tuple(outputs), ())
+
+
+def _first_attempt(attempt: int, update: dict[str, object]) -> AttemptRecord:
+    """A new attempt from the values ``apply_event`` derived (valid by construction: times
+    from a valid event, enums, tuples), without re-validation; the rest at their defaults."""
+    return construct(
+        AttemptRecord,
+        {
+            "attempt": attempt,
+            "connector": update["connector"],
+            "idempotency_key": update["idempotency_key"],
+            "status": update["status"],
+            "reason": update["reason"],
+            "since": update["since"],
+            "sent": update["sent"],
+            "reply_due_at": update.get("reply_due_at"),
+            "verify_due_at": update.get("verify_due_at"),
+            "effect_ref": update["effect_ref"],
+            "work_item_id": None,
+            "work_item_kind": None,
+            "alert_id": None,
+            "kinds": update["kinds"],
+            "event_ids": update["event_ids"],
+        },
+    )
 
 
 def _fire(
@@ -497,52 +522,60 @@ def _fire(
         status, since = S.ACKNOWLEDGED, rec.since
     wi_id = deterministic_id("wi", operation_id, rec.attempt, wi_kind)
     alert_id = deterministic_id("alert", alert_kind, operation_id, rec.attempt, reason)
-    rec = rec.model_copy(
-        update={
-            "status": status,
-            "since": since,
-            "reason": reason,
-            "work_item_id": wi_id,
-            "work_item_kind": wi_kind,
-            "alert_id": alert_id,
-        }
+    rec = replace(
+        rec,
+        status=status,
+        since=since,
+        reason=reason,
+        work_item_id=wi_id,
+        work_item_kind=wi_kind,
+        alert_id=alert_id,
     )
     book = _put(book, operation_id, rec)
     out: list[Record] = []
     if _is_current(book, operation_id, rec):
         out.append(_state(book, operation_id, rec))
+    at = to_millis(deadline)  # as the records' validators would put it
+    # Both records built without re-validation: every value comes from a valid attempt.
     out.append(
-        ReconciliationWorkItem(
-            work_item_id=wi_id,
-            operation_id=operation_id,
-            execution_id=book.execution_id,
-            attempt=rec.attempt,
-            idempotency_key=rec.idempotency_key,
-            connector=rec.connector,
-            kind=wi_kind,
-            deadline=deadline,
-            created_at=deadline,
-            effect_ref=rec.effect_ref,
+        construct(
+            ReconciliationWorkItem,
+            {
+                "work_item_id": wi_id,
+                "operation_id": operation_id,
+                "execution_id": book.execution_id,
+                "attempt": rec.attempt,
+                "idempotency_key": rec.idempotency_key,
+                "connector": rec.connector,
+                "kind": wi_kind,
+                "deadline": at,
+                "created_at": at,
+                "effect_ref": rec.effect_ref,
+            },
         )
     )
     out.append(
-        Alert(
-            alert_id=alert_id,
-            kind=alert_kind,
-            status=AlertStatus.FIRING,
-            severity=Severity.WARNING,
-            execution_id=book.execution_id,
-            subject_id=operation_id,
-            verdict=status.value,
-            owner=Owner.CONNECTOR_OWNER,
-            next_step=next_step,
-            evidence=(
-                f"attempt={operation_id}#{rec.attempt}",
-                f"{reason}={to_millis(deadline).isoformat()}",
-                f"connector={rec.connector}",
-                f"work_item={wi_id}",
-            ),
-            occurred_at=deadline,
+        construct(
+            Alert,
+            {
+                "alert_id": alert_id,
+                "kind": alert_kind,
+                "status": AlertStatus.FIRING,
+                "severity": Severity.WARNING,
+                "execution_id": book.execution_id,
+                "subject_id": operation_id,
+                "verdict": status.value,
+                "owner": Owner.CONNECTOR_OWNER,
+                "next_step": next_step,
+                "evidence": (
+                    f"attempt={operation_id}#{rec.attempt}",
+                    f"{reason}={at.isoformat()}",
+                    f"connector={rec.connector}",
+                    f"work_item={wi_id}",
+                ),
+                "occurred_at": at,
+                "resolves_alert_id": None,
+            },
         )
     )
     return book, out
