@@ -431,11 +431,14 @@ def replay(
     """What ``vigil replay`` does (``streams/replay.py``): the pure Processor with dict stores,
     written behind and flushed every ``REPLAY_FLUSH_EVERY`` records, fed Envelopes decoded
     (AvroCodec, as the worker does) from a plain confluent-kafka consumer reading the input
-    topics from the beginning; outputs are encoded with the codec but not sent."""
+    topics from the beginning; outputs are encoded with the codec but not sent. The garbage
+    collector is tuned as ``vigil replay`` tunes it (``streams.app.tune_gc``)."""
     from confluent_kafka import Consumer, TopicPartition
 
+    from streams.app import tune_gc
     from streams.replay import REPLAY_FLUSH_EVERY
 
+    tune_gc()  # as ``vigil replay`` does
     codec = AvroCodec.connect(RegistryConfig(base.schema_registry_url))
     proc = _processor(base, dep, write_behind=True)
     allowed = {t.name: t.value_types for t in dep.topics.inputs()}

@@ -322,6 +322,9 @@ def replay(
         raise typer.BadParameter(f"not an ISO-8601 time: {exc}") from exc
     if t0.tzinfo is None or (t1 is not None and t1.tzinfo is None):
         raise typer.BadParameter("times need a timezone, e.g. 2026-07-26T16:00:00Z")
+    from streams.app import tune_gc
+
+    tune_gc()
     summary = run_replay(s, _codec(s), t0, t1, output_suffix=output_suffix, show_progress=progress)
     t = Table("replay", "")
     t.add_row("records read", str(summary.records_read))

@@ -990,8 +990,8 @@ def _prune(book: ApprovalBook) -> ApprovalBook:
     judged without the history dropped here.
     """
     until = book.evaluated_until
-    if until is None:
-        return book
+    if until is None or (not book.digests and len(book.heartbeats) <= 1):
+        return book  # nothing that could be dropped (the common case: called on every advance)
     past = [t for t in book.heartbeats if t <= until]
     heartbeats = tuple(t for t in book.heartbeats if t > until or (past and t == past[-1]))
     keep_times: set[datetime] = set()
