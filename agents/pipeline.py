@@ -198,6 +198,20 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
             ((tp.topic, tp.partition), offset) for tp, offset in consumer._committed_offset.items()
         )
         assignment = consumer.assignment()
+        # where the guard starts: the committed offsets of the partitions it has not seen yet,
+        # asked in one request (one request per partition cost seconds after a rebalance)
+        unknown = [
+            key
+            for key in {(m.topic, m.partition) for m in batch if m.tp in assignment}
+            if not guard.knows(key)
+        ]
+        if unknown:
+            starts = await asyncio.to_thread(_committed_offsets, settings, unknown)
+            if rebalances[0] != generation:
+                return
+            for key, offset in starts.items():
+                if not guard.knows(key):
+                    guard.start(key, offset)
         emissions: list[Emission] = []
         last: dict[int, Any] = {}
         handle = processor.handle
@@ -337,20 +351,25 @@ def _committed_offsets(
     admin = admin_client(settings)
     request = ConsumerGroupTopicPartitions(settings.app_id, [CTP(t, p) for t, p in tps])
     result = admin.list_consumer_group_offsets([request])[settings.app_id].result(timeout=30)
-    out: dict[tuple[str, int], int] = {}
-    for tp in result.topic_partitions:
-        key = (tp.topic, tp.partition)
-        out[key] = tp.offset if tp.offset >= 0 else _earliest_offset(settings, key)
+    out = {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions}
+    never = [key for key, offset in out.items() if offset < 0]
+    if never:
+        out.update(_earliest_offsets(settings, never))
     return out
 
 
 def _earliest_offset(settings: Settings, tp: tuple[str, int]) -> int:
+    return _earliest_offsets(settings, [tp])[tp]
+
+
+def _earliest_offsets(settings: Settings, tps: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """The log start offsets (where a group with no committed offset begins)."""
     from confluent_kafka import Consumer
     from confluent_kafka import TopicPartition as CTP
 
     c = Consumer(settings.confluent_conf() | {"group.id": f"{settings.app_id}-offsets"})
     try:
-        return c.get_watermark_offsets(CTP(*tp), timeout=30)[0]
+        return {tp: c.get_watermark_offsets(CTP(*tp), timeout=30)[0] for tp in tps}
     finally:
         c.close()
 

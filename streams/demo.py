@@ -10,6 +10,7 @@ stops everything it started.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -20,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -149,16 +151,19 @@ def run_demo(pace: float = 0.15, keep: bool = False, console: Console | None = N
             f"[bold]Playing the scenario[/bold] (scenario clock, {len(demo_scenario())} steps)…\n"
         )
         producer = RecordProducer(settings, codec)
-        for step in demo_scenario():
-            if isinstance(step, Tick):
-                for spec in topics.inputs():
-                    producer.tick(spec.name, spec.partitions, step.at, "demo-scenario-clock")
-                producer.flush()
-                time.sleep(pace)
-            else:
-                spec = next(t for t in topics.inputs() if type(step) in t.value_types)
-                producer.send(spec.name, step)
-        producer.flush()
+        with _ctrl_c_between_steps() as interrupted:
+            for step in demo_scenario():
+                if isinstance(step, Tick):
+                    for spec in topics.inputs():
+                        producer.tick(spec.name, spec.partitions, step.at, "demo-scenario-clock")
+                    producer.flush()
+                    interrupted.wait(pace)
+                else:
+                    spec = next(t for t in topics.inputs() if type(step) in t.value_types)
+                    producer.send(spec.name, step)
+                if interrupted.is_set():
+                    raise KeyboardInterrupt
+            producer.flush()
         _wait_quiet(seen, console)
         _summary(seen, console)
         return 0
@@ -177,6 +182,23 @@ def run_demo(pace: float = 0.15, keep: bool = False, console: Console | None = N
             console.print("Local broker and registry stopped (keep them with --keep).")
         elif started_cluster:
             console.print("Local broker and registry left running: `vigil dev down` stops them.")
+
+
+@contextlib.contextmanager
+def _ctrl_c_between_steps() -> Iterator[threading.Event]:
+    """Ctrl-C while playing sets a flag that the loop acts on between steps. Why: a
+    KeyboardInterrupt raised inside confluent-kafka's ``flush`` comes out as ``SystemError``
+    ("returned NULL without setting an exception"), and the demo would exit 1 without saying
+    it was interrupted."""
+    interrupted = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _start_worker(settings: Settings, workdir: Path) -> subprocess.Popen[bytes]:

@@ -162,7 +162,9 @@ def test_demo_stops_everything_it_started_on_ctrl_c(cluster, tmp_path: Path) -> 
     workers_before = _demo_workers(tmp_path)
     assert workers_before, "the demo's worker should be running"
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(60) == 130
+    rc = proc.wait(60)
+    out += proc.stdout.read() or b""
+    assert rc == 130, out.decode()[-3000:]
     time.sleep(1)
     assert _demo_workers(tmp_path) == [], "the demo left its worker running"
 
