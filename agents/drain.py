@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import types
 from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any, cast
@@ -60,6 +61,11 @@ class BatchDrain:
         self._queue: asyncio.Queue[Batch] | None = None
         self.batches_fetched = 0
         self.records_fetched = 0
+        #: when a record of each input partition was last fetched (``time.monotonic``): the
+        #: watchdog must not take a partition starved by a backlog for one that stalled
+        self.fetched_at: dict[tuple[str, int], float] = {}
+        #: a batch is queued or being processed
+        self.processing = False
 
     @property
     def queue(self) -> asyncio.Queue[Batch]:
@@ -85,7 +91,14 @@ class BatchDrain:
     async def batches(self) -> AsyncIterator[Batch]:
         q = self.queue
         while True:
-            yield await q.get()
+            self.processing = False
+            batch = await q.get()
+            self.processing = True
+            yield batch
+
+    def busy(self) -> bool:
+        """Records fetched and not yet processed: a batch queued or in progress."""
+        return self.processing or not self.queue.empty()
 
     async def run(self, consumer: Any, fetcher: Any) -> None:  # pragma: no cover - Faust's
         """Faust's ``Consumer._drain_messages`` (faust-streaming 0.15.3), batched."""
@@ -101,6 +114,7 @@ class BatchDrain:
         acks_enabled_for = consumer.app.topics.acks_enabled_for
         inputs = self.topics
         queue = self.queue
+        fetched_at = self.fetched_at
         size, wait = self.batch_size, self.batch_wait
         loop = asyncio.get_running_loop()
         batch: list[Message] = []
@@ -117,6 +131,7 @@ class BatchDrain:
                 # getmany can return at once, batch after batch: let the loop breathe
                 await consumer.sleep(0)
                 if not consumer.should_stop:
+                    now = time.monotonic()
                     async for tp, message in ait:
                         offset = message.offset
                         r_offset = get_read_offset(tp)
@@ -133,6 +148,7 @@ class BatchDrain:
                             if not batch:
                                 closes_at = loop.time() + wait
                             batch.append(message)
+                            fetched_at[tp] = now
                         else:
                             await consumer.wait_first(
                                 callback(message), consumer.suspend_flow.wait()

@@ -141,17 +141,28 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         """Records that are on the log but never come. The guard only sees a skip when a later
         record arrives; at the end of a stream, or when a rebalance made the worker drop a batch
         it had not acknowledged, nothing later may come. Every 2 s, a partition with nothing
-        handed over for 3 s whose log ends past the next expected offset is sought back."""
+        fetched or handed over for 3 s whose log ends past the next expected offset is sought
+        back, but only while no batch is queued or in progress: under a backlog a partition can
+        wait its turn longer than that, and seeking it back would read it twice."""
         consumer = getattr(app, "consumer", None)
         if consumer is None:
             return
+        if drain.busy():
+            return  # records are on their way: a backlog, not a stall
         generation = rebalances[0]
         now = time.monotonic()
+        fetched = drain.fetched_at
         idle = [
             tp
             for tp in consumer.assignment()
             if tp.topic in input_names
-            and now - max(arrived.get(tp, 0.0), last_seek.get(tp, 0.0)) > 3.0
+            and now
+            - max(
+                arrived.get(tp, 0.0),
+                fetched.get((tp.topic, tp.partition), 0.0),
+                last_seek.get(tp, 0.0),
+            )
+            > 3.0
         ]
         if not idle:
             return
