@@ -148,7 +148,7 @@ _SLOT_ADAPTER: TypeAdapter[InFlight | Closed] = TypeAdapter(
 
 def dump_slot(slot: InFlight | Closed) -> str:
     """JSON for the shell's table (the ``kind`` field tells the two shapes apart)."""
-    return slot.model_dump_json()
+    return slot.model_dump_json(exclude_none=True)  # every nullable field defaults to None
 
 
 def load_slot(text: str | bytes | None) -> Slot:
