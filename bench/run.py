@@ -6,7 +6,8 @@ Run from the repository root against a running cluster (``vigil dev up`` prints 
 
 Sections (``--sections``, comma-separated, default all): throughput (one worker), throughput2
 (``--workers`` workers, default 2), ceiling (plain aiokafka / confluent-kafka consumers on the
-same input topics), replay (the pure Processor in-process), latency (fixed offered load, live
+same input topics), replay (the pure Processor in-process, then ``vigil replay`` with one
+process per core, end to end), latency (fixed offered load, live
 ticker, deadline lags), memory (RSS per in-flight execution, memory:// and rocksdb://),
 profile (py-spy on a worker under load, pyinstrument around Processor.handle).
 """
@@ -146,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                 log,
                 out_dir / "profile-processor.txt" if "profile" in wanted else None,
             )
+            log("[bold]replay[/bold]: vigil replay (run_replay), one process per core")
+            s["replay_cli"] = sec.replay_cli(base, tput_dep, tput_bf, log)
         if tput_dep is not None and not args.keep_topics:
             h.delete_deployment(tput_dep)
         if "throughput2" in wanted:
@@ -261,7 +264,12 @@ def summary(results: dict[str, Any], tick: str) -> dict[str, Any]:
             ]
     r = s.get("replay")
     if r and t1:
+        out["replay_inprocess_events_per_s"] = r["events_per_s"]
+        out["replay_inprocess_over_live"] = r["records_per_s"] / t1["records_per_s"]
+    r = s.get("replay_cli")
+    if r and t1:
         out["replay_events_per_s"] = r["events_per_s"]
+        out["replay_processes"] = r["processes"]
         out["replay_over_live"] = r["records_per_s"] / t1["records_per_s"]
     return out
 
@@ -364,7 +372,18 @@ def show(results: dict[str, Any]) -> None:
                 "{:,.0f}",
                 False,
             )
-    row("replay events/s (in-process Processor)", sm.get("replay_events_per_s"), None, "{:,.0f}")
+    row(
+        "replay events/s, one process (in-process Processor)",
+        sm.get("replay_inprocess_events_per_s"),
+        None,
+        "{:,.0f}",
+    )
+    row(
+        f"replay events/s, vigil replay ({sm.get('replay_processes', '?')} processes)",
+        sm.get("replay_events_per_s"),
+        None,
+        "{:,.0f}",
+    )
     row("replay / live", sm.get("replay_over_live"), 2.0, "{:.2f}")
     console.print(t)
 

@@ -529,6 +529,45 @@ def replay(
     return result
 
 
+def replay_cli(base: Settings, dep: h.Deployment, bf: Backfill, log: Log) -> dict[str, Any]:
+    """``vigil replay`` itself (``streams.replay.run_replay``) over the whole input topics, with
+    its default number of processes (one per core): read, decoded, processed, and every output
+    encoded and sent to the replay's own output topics, delivered before it returns."""
+    from streams.replay import default_processes, run_replay
+
+    codec = AvroCodec.connect(RegistryConfig(base.schema_registry_url))
+    processes = default_processes(dep.settings)
+    suffix = "-bench-replay"
+    t0 = time.perf_counter()
+    summary = run_replay(
+        dep.settings,
+        codec,
+        datetime(1971, 1, 1, tzinfo=UTC),
+        output_suffix=suffix,
+        show_progress=False,
+        processes=processes,
+    )
+    total = time.perf_counter() - t0
+    outputs = {t.removesuffix(suffix): n for t, n in summary.outputs_by_topic.items()}
+    result = {
+        "method": replay_cli.__doc__.split("\n\n")[0].replace("\n   ", "").strip(),  # type: ignore[union-attr]
+        "processes": processes,
+        "records": summary.records_read,
+        "events": bf.events,
+        "seconds": total,
+        "records_per_s": summary.records_read / total,
+        "events_per_s": bf.events / total,
+        "outputs": outputs,
+        "outputs_match_expected": outputs == bf.expected,
+    }
+    log(
+        f"  vigil replay, {processes} processes: {summary.records_read:,} records in "
+        f"{total:.1f}s = {summary.records_read / total:,.0f} records/s "
+        f"({bf.events / total:,.0f} events/s); outputs match: {result['outputs_match_expected']}"
+    )
+    return result  # its topics go with the deployment's (same prefix)
+
+
 def _pyinstrument_handle(dep: h.Deployment, bf: Backfill, out: Path) -> str:
     """pyinstrument around Processor.handle over the first records of the same workload (in
     memory, already decoded)."""

@@ -304,15 +304,25 @@ def replay(
     bootstrap: BootstrapOpt = None,
     registry: RegistryOpt = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    processes: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            envvar="VIGIL_REPLAY_PROCESSES",
+            help="Processes sharing the partitions (default: one per core, at most one per "
+            "partition).",
+        ),
+    ] = None,
 ) -> None:
     """Re-process the input topics from a time, with fresh state, into separate output topics.
 
     The same processor as the worker, so the outputs equal the live run's: same ids, same
-    contents, same order per key. Ends with a summary.
+    contents, same order per key. The partitions are shared among processes (one per core by
+    default). Ends with a summary.
     """
     from datetime import datetime as dt
 
-    from streams.replay import run_replay
+    from streams.replay import default_processes, run_replay
 
     s = _settings(bootstrap, registry)
     try:
@@ -325,7 +335,15 @@ def replay(
     from streams.app import tune_gc
 
     tune_gc()
-    summary = run_replay(s, _codec(s), t0, t1, output_suffix=output_suffix, show_progress=progress)
+    summary = run_replay(
+        s,
+        _codec(s),
+        t0,
+        t1,
+        output_suffix=output_suffix,
+        show_progress=progress,
+        processes=processes or default_processes(s),
+    )
     t = Table("replay", "")
     t.add_row("records read", str(summary.records_read))
     t.add_row("outputs written", str(summary.outputs_written))
@@ -334,6 +352,7 @@ def replay(
     t.add_row("anomalies", str(summary.anomalies))
     t.add_row("dead letters", str(summary.dead_letters))
     t.add_row("held past the last watermark", str(summary.held))
+    t.add_row("processes", str(summary.processes))
     t.add_row("time taken", f"{summary.seconds:.1f} s")
     rate = summary.records_read / summary.seconds if summary.seconds else 0.0
     t.add_row("rate", f"{rate:,.0f} records/s")

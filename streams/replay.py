@@ -1,18 +1,29 @@
 """Replays for backfills: re-process the input topics from a time, with fresh state, into a
 separate set of output topics.
 
-The replay runs the very ``Processor`` the worker runs, in this process, with plain dicts as
-tables. Because the processor holds events until the watermark passes them and then works in
-event-time order, the replay's outputs are the live run's outputs — same ids, same contents,
-same order per key — whatever order this reader happens to read the partitions in.
+The replay runs the very ``Processor`` the worker runs, with plain dicts as tables. Because
+the processor holds events until the watermark passes them and then works in event-time order,
+the replay's outputs are the live run's outputs — same ids, same contents, same order per key —
+whatever order this reader happens to read the partitions in.
+
+Why several processes: the inputs are co-partitioned by execution id, and the processor keeps
+its stream time and its state per partition, so partition ``p`` of every input topic is a
+replay of its own. ``processes`` child processes each replay a share of the partitions: one
+Python process is bound by one core, and a backfill should use the machine. The outputs are the
+same: every key lives in one partition, hence in one process, and keeps its order.
 """
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
 import time
+import traceback
 import uuid
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -37,6 +48,17 @@ class ReplaySummary:
     held: int = 0
     seconds: float = 0.0
     output_topics: tuple[str, ...] = ()
+    processes: int = 1
+
+    def add(self, other: ReplaySummary) -> None:
+        """Fold in the summary of another share of the partitions."""
+        self.records_read += other.records_read
+        self.outputs_written += other.outputs_written
+        for topic, n in other.outputs_by_topic.items():
+            self.outputs_by_topic[topic] = self.outputs_by_topic.get(topic, 0) + n
+        self.anomalies += other.anomalies
+        self.dead_letters += other.dead_letters
+        self.held += other.held
 
 
 def _ms(t: datetime) -> int:
@@ -48,6 +70,21 @@ def _ms(t: datetime) -> int:
 #: records fall in it: 20,000 replays 15 % faster than 2,000 (BENCHMARKS.md, step 3); the
 #: cache holds at most the executions of one interval.
 REPLAY_FLUSH_EVERY = 20_000
+#: records between two progress reports of a child process to the parent's bar.
+PROGRESS_EVERY = 2_000
+
+Progressed = Callable[[int], None]
+
+
+def default_processes(settings: Settings) -> int:
+    """One per core, no more than there are partitions to share."""
+    return max(1, min(os.cpu_count() or 1, settings.partitions))
+
+
+def shares(partitions: int, processes: int) -> list[list[int]]:
+    """Partitions dealt round robin to ``processes`` shares (none empty)."""
+    n = max(1, min(processes, partitions))
+    return [list(range(i, partitions, n)) for i in range(n)]
 
 
 def run_replay(
@@ -57,21 +94,76 @@ def run_replay(
     end: datetime | None = None,
     output_suffix: str = "-replay",
     show_progress: bool = True,
+    processes: int = 1,
 ) -> ReplaySummary:
-    """Replay ``[start, end)``; without ``end``, up to the log end as of the start."""
+    """Replay ``[start, end)``; without ``end``, up to the log end as of the start. With
+    ``processes`` > 1 the partitions are shared among that many child processes."""
     if not output_suffix:
         raise ValueError("a replay needs an output suffix: it must not write to the live outputs")
+    if processes < 1:
+        raise ValueError(f"a replay needs at least one process, not {processes}")
     began = time.monotonic()
-    inputs = Topics.from_settings(settings)
     out_settings = replace(settings, output_suffix=output_suffix)
     outputs = Topics.from_settings(out_settings)
     create_topics(out_settings, outputs.outputs())
+    groups = shares(settings.partitions, processes)
+    with Progress(
+        TextColumn("replay"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        disable=not show_progress,
+    ) as bar:
+        task = bar.add_task("records", total=None)
+
+        def total(n: int) -> None:
+            bar.update(task, total=n)
+
+        if len(groups) == 1:
+            summary = replay_partitions(
+                settings,
+                codec,
+                start,
+                end,
+                output_suffix,
+                None,
+                lambda n: bar.advance(task, n),
+                total,
+            )
+        else:
+            summary = _in_processes(settings, start, end, output_suffix, groups, bar, task)
+    summary.output_topics = tuple(t.name for t in outputs.outputs())
+    summary.processes = len(groups)
+    summary.seconds = time.monotonic() - began
+    return summary
+
+
+def replay_partitions(
+    settings: Settings,
+    codec: AvroCodec,
+    start: datetime,
+    end: datetime | None,
+    output_suffix: str,
+    partitions: Collection[int] | None,
+    progressed: Progressed = lambda n: None,
+    total: Progressed = lambda n: None,
+) -> ReplaySummary:
+    """Replay the given partitions (``None``: all) of every input topic, in this process."""
+    inputs = Topics.from_settings(settings)
+    out_settings = replace(settings, output_suffix=output_suffix)
+    outputs = Topics.from_settings(out_settings)
     # Write-behind with a flush every few thousand records: each execution's state is parsed
     # and dumped once per flush, not once per record (nothing is redelivered in a replay).
     processor = Processor.from_settings(out_settings, outputs, Stores(), write_behind=True)
     allowed = {t.name: t.value_types for t in inputs.inputs()}
     producer = RecordProducer(out_settings, codec)
-    summary = ReplaySummary(output_topics=tuple(t.name for t in outputs.outputs()))
+    summary = ReplaySummary()
+    mine = [
+        (t.name, p)
+        for t in inputs.inputs()
+        for p in range(t.partitions)
+        if partitions is None or p in partitions
+    ]
 
     consumer = Consumer(
         settings.confluent_conf()
@@ -82,12 +174,9 @@ def run_replay(
         }
     )
     try:
-        wanted = [
-            TopicPartition(t.name, p, _ms(start))
-            for t in inputs.inputs()
-            for p in range(t.partitions)
-        ]
-        found = consumer.offsets_for_times(wanted, timeout=30)
+        found = consumer.offsets_for_times(
+            [TopicPartition(t, p, _ms(start)) for t, p in mine], timeout=30
+        )
         assignment: list[TopicPartition] = []
         remaining: dict[tuple[str, int], int] = {}
         for tp in found:
@@ -98,9 +187,7 @@ def run_replay(
                 continue  # nothing at or after the start time
             assignment.append(tp)
             remaining[(tp.topic, tp.partition)] = high
-        total = sum(
-            high - tp.offset for tp, high in zip(assignment, remaining.values(), strict=True)
-        )
+        total(sum(remaining[(tp.topic, tp.partition)] - tp.offset for tp in assignment))
         consumer.assign(assignment)
 
         def emit(emissions: list[Emission]) -> None:
@@ -109,54 +196,53 @@ def run_replay(
                 summary.outputs_written += 1
                 summary.outputs_by_topic[em.topic] = summary.outputs_by_topic.get(em.topic, 0) + 1
 
-        with Progress(
-            TextColumn("replay"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            disable=not show_progress,
-        ) as bar:
-            task = bar.add_task("records", total=total)
-            while remaining:
-                msg = consumer.poll(1.0)
-                if msg is None:
+        unreported = 0
+        while remaining:
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            tp = (msg.topic(), msg.partition())
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    remaining.pop(tp, None)
                     continue
-                tp = (msg.topic(), msg.partition())
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        remaining.pop(tp, None)
-                        continue
-                    raise RuntimeError(str(msg.error()))
-                if tp not in remaining:
-                    continue
-                if msg.offset() >= remaining[tp] - 1:
-                    remaining.pop(tp)
-                ts = msg.timestamp()[1]
-                if end is not None and ts >= _ms(end):
-                    remaining.pop(tp, None)  # this partition has reached the end time
-                    continue
-                env = open_envelope(
-                    codec,
-                    allowed,
-                    msg.topic(),
-                    msg.partition(),
-                    msg.offset(),
-                    ts,
-                    msg.key(),
-                    msg.value(),
-                )
-                summary.records_read += 1
-                emit(processor.handle(env))
-                processor.drain_done()
-                if summary.records_read % REPLAY_FLUSH_EVERY == 0:
-                    processor.flush()
-                    processor.flush_clocks()
-                bar.advance(task)
+                raise RuntimeError(str(msg.error()))
+            if tp not in remaining:
+                continue
+            if msg.offset() >= remaining[tp] - 1:
+                remaining.pop(tp)
+            ts = msg.timestamp()[1]
+            if end is not None and ts >= _ms(end):
+                remaining.pop(tp, None)  # this partition has reached the end time
+                continue
+            env = open_envelope(
+                codec,
+                allowed,
+                msg.topic(),
+                msg.partition(),
+                msg.offset(),
+                ts,
+                msg.key(),
+                msg.value(),
+            )
+            summary.records_read += 1
+            emit(processor.handle(env))
+            processor.drain_done()
+            if summary.records_read % REPLAY_FLUSH_EVERY == 0:
+                processor.flush()
+                processor.flush_clocks()
+            unreported += 1
+            if unreported >= PROGRESS_EVERY:
+                progressed(unreported)
+                unreported = 0
+        progressed(unreported)
         if end is not None:
             # Decide everything before the end time: the end is data the operator gave, the
             # same for every replay of this range.
             for spec in inputs.inputs():
                 for p in range(spec.partitions):
+                    if partitions is not None and p not in partitions:
+                        continue
                     tick = ClockTick(ticker_id="replay-end", partition=p, occurred_at=end)
                     emit(
                         processor.handle(
@@ -166,10 +252,105 @@ def run_replay(
         processor.flush()
         processor.flush_clocks()
         producer.flush()
+        if producer.errors:
+            raise RuntimeError(
+                f"{len(producer.errors)} outputs were not delivered: {producer.errors[0]}"
+            )
     finally:
         consumer.close()
     summary.anomalies = sum(processor.counters.anomalies.values())
     summary.dead_letters = processor.counters.dead_letters
     summary.held = processor.held()
-    summary.seconds = time.monotonic() - began
+    return summary
+
+
+def _child(
+    settings: Settings,
+    start: datetime,
+    end: datetime | None,
+    output_suffix: str,
+    partitions: list[int],
+    slot: int,
+    counts: Any,
+    results: Any,
+) -> None:
+    """One share of a replay, in a child process: its own codec, consumer and producer."""
+    from streams.app import tune_gc
+    from streams.codec import RegistryConfig
+
+    tune_gc()
+
+    def progressed(n: int) -> None:
+        with counts.get_lock():
+            counts[2 * slot] += n
+
+    def total(n: int) -> None:
+        with counts.get_lock():
+            counts[2 * slot + 1] = n + 1  # + 1: 0 means "not known yet"
+
+    try:
+        codec = AvroCodec.connect(
+            RegistryConfig(settings.schema_registry_url, settings.registry_basic_auth)
+        )
+        summary = replay_partitions(
+            settings, codec, start, end, output_suffix, partitions, progressed, total
+        )
+        results.put((slot, summary, None))
+    except BaseException as exc:  # reported to the parent, which fails the replay
+        results.put((slot, None, f"{exc!r}\n{traceback.format_exc()}"))
+
+
+def _in_processes(
+    settings: Settings,
+    start: datetime,
+    end: datetime | None,
+    output_suffix: str,
+    groups: list[list[int]],
+    bar: Progress,
+    task: Any,
+) -> ReplaySummary:
+    # spawn, not fork: the parent has librdkafka threads running (topic creation, registry).
+    ctx = mp.get_context("spawn")
+    counts = ctx.Array("q", 2 * len(groups))
+    results = ctx.Queue()
+    children = [
+        ctx.Process(
+            target=_child,
+            args=(settings, start, end, output_suffix, group, i, counts, results),
+            name=f"vigil-replay-{i}",
+            daemon=True,
+        )
+        for i, group in enumerate(groups)
+    ]
+    for child in children:
+        child.start()
+    summary = ReplaySummary()
+    done: set[int] = set()
+    try:
+        while len(done) < len(children):
+            try:
+                slot, part, error = results.get(timeout=0.2)
+            except Exception:  # queue.Empty: report progress, check for a dead child
+                slot = None
+            if slot is not None:
+                if error is not None:
+                    raise RuntimeError(f"replay process {slot} failed: {error}")
+                summary.add(part)
+                done.add(slot)
+            with counts.get_lock():
+                read = sum(counts[2 * i] for i in range(len(groups)))
+                totals = [counts[2 * i + 1] for i in range(len(groups))]
+            if all(totals):
+                bar.update(task, total=sum(totals) - len(totals))
+            bar.update(task, completed=read)
+            for i, child in enumerate(children):
+                if i not in done and not child.is_alive() and results.empty():
+                    raise RuntimeError(
+                        f"replay process {i} exited with code {child.exitcode} before reporting"
+                    )
+    finally:
+        for child in children:
+            if child.is_alive() and len(done) < len(children):
+                child.terminate()
+            child.join(timeout=10)
     return summary

@@ -32,6 +32,7 @@ def per_key(dep, topics: list[str]) -> dict[tuple[str, str | None], list[str]]:
 
 
 def test_replay_equals_live_and_itself(cluster, tmp_path: Path) -> None:
+    """The second replay shares the partitions among three processes: same outputs."""
     dep = deployment(cluster, tmp_path)
     steps = demo_scenario()
     play(dep, steps)
@@ -56,9 +57,18 @@ def test_replay_equals_live_and_itself(cluster, tmp_path: Path) -> None:
         dep.settings, dep.codec, start, output_suffix="-replay1", show_progress=False
     )
     second = run_replay(
-        dep.settings, dep.codec, start, output_suffix="-replay2", show_progress=False
+        dep.settings,
+        dep.codec,
+        start,
+        output_suffix="-replay2",
+        show_progress=False,
+        processes=3,
     )
+    assert (first.processes, second.processes) == (1, 3)
     assert first.records_read == second.records_read > 0
+    assert {t.removesuffix("-replay1"): n for t, n in first.outputs_by_topic.items()} == {
+        t.removesuffix("-replay2"): n for t, n in second.outputs_by_topic.items()
+    }
     assert first.outputs_written == second.outputs_written == sum(map(len, live.values()))
     one = per_key(dep, list(first.output_topics))
     two = per_key(dep, list(second.output_topics))
@@ -90,6 +100,54 @@ def test_replay_to_a_time_decides_everything_before_it(cluster, tmp_path: Path) 
     assert summary.records_read == 1 and summary.held == 0
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_replay_reaches_the_end_time_in_every_partition(
+    cluster, tmp_path: Path, processes: int
+) -> None:
+    """Operations in several partitions, no ticks, a replay to a time: every partition's
+    deadlines are taken, whichever process holds the partition."""
+    from streams.models.outputs import ReconciliationWorkItem
+    from streams.partitioning import partition_of
+    from tests.test_processor import T0, sent
+
+    dep = deployment(cluster, tmp_path)
+    events = [
+        sent(f"op-{i}", ex=f"exec-{i}", reply_due_at=T0 + timedelta(seconds=30)) for i in range(12)
+    ]
+    assert len({partition_of(e.execution_id, dep.settings.partitions) for e in events}) > 2
+    play(dep, events)
+    summary = run_replay(
+        dep.settings,
+        dep.codec,
+        T0,
+        T0 + timedelta(minutes=1),
+        output_suffix=f"-bf{processes}",
+        show_progress=False,
+        processes=processes,
+    )
+    assert summary.processes == processes
+    got = [
+        r.record
+        for r in consume(dep.settings, dep.codec, list(summary.output_topics), idle_timeout=3.0)
+    ]
+    items = [r for r in got if isinstance(r, ReconciliationWorkItem)]
+    assert sorted(i.execution_id for i in items) == sorted(e.execution_id for e in events)
+    assert summary.records_read == len(events) and summary.held == 0
+
+
+def test_a_failing_replay_process_fails_the_replay(cluster, tmp_path: Path) -> None:
+    """A child that cannot reach the registry fails the whole replay, with its reason."""
+    from dataclasses import replace
+
+    from tests.test_processor import T0, sent
+
+    dep = deployment(cluster, tmp_path)
+    play(dep, [sent("op-1", reply_due_at=T0 + timedelta(seconds=30))])
+    broken = replace(dep.settings, schema_registry_url="http://127.0.0.1:9/apis/ccompat/v7")
+    with pytest.raises(RuntimeError, match=r"replay process \d failed"):
+        run_replay(broken, dep.codec, T0, output_suffix="-broken", show_progress=False, processes=2)
+
+
 def test_other_interleaving_and_tick_phase_same_outputs(cluster, tmp_path: Path) -> None:
     """The scenario produced twice: once as is; once topic by topic (another interleaving
     across the input topics) with ticks at another phase. Same outputs."""
@@ -114,3 +172,49 @@ def test_other_interleaving_and_tick_phase_same_outputs(cluster, tmp_path: Path)
         return {k: v for k, v in got.items() if k[0] not in ("anomalies",)}
 
     assert outputs(a, ra) == outputs(b, rb)
+
+
+def test_vigil_replay_command_shares_partitions_among_processes(cluster, tmp_path: Path) -> None:
+    """``vigil replay --processes 2`` as an operator runs it: the children start from the
+    command's own module, and the summary counts what both read and wrote."""
+    import subprocess
+    import sys
+
+    from tests.test_processor import T0, sent
+
+    dep = deployment(cluster, tmp_path)
+    events = [
+        sent(f"op-{i}", ex=f"exec-{i}", reply_due_at=T0 + timedelta(seconds=30)) for i in range(8)
+    ]
+    play(dep, events)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "streams.cli",
+            "replay",
+            "--from",
+            T0.isoformat(),
+            "--to",
+            (T0 + timedelta(minutes=1)).isoformat(),
+            "--output-suffix",
+            "-cli",
+            "--processes",
+            "2",
+            "--no-progress",
+        ],
+        env=dep.env() | {"COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {
+        line.strip("│ ").split("│")[0].strip(): line.strip("│ ").split("│")[-1].strip()
+        for line in done.stdout.splitlines()
+        if "│" in line
+    }
+    assert rows["processes"] == "2"
+    assert rows["records read"] == str(len(events))
+    work = [t for t in rows if t.endswith("reconciliation-work-cli")]
+    assert len(work) == 1 and rows[work[0]] == str(len(events))
