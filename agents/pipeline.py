@@ -90,14 +90,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     # Idempotent, acks=all, murmur2 on the key as Java clients and Faust partition.
     outputs = RecordProducer(settings, codec, acks="all")
 
-    def send(em: Emission) -> None:
-        outputs.send_encoded(
-            em.topic,
-            em.key.encode() if em.key is not None else None,
-            codec.encode(em.topic, em.record),
-            em.timestamp_ms,
-            [(k, v.encode()) for k, v in em.headers] or None,
-        )
+    send = outputs.send_emission
 
     async def delivered() -> None:
         """Wait until the broker has every output sent so far (raises if one failed)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
@@ -17,6 +17,9 @@ from streams.codec import AvroCodec, DecodeError
 from streams.models.base import Record
 from streams.models.events import ClockTick
 from streams.settings import Settings
+
+if TYPE_CHECKING:
+    from streams.processor import Emission
 
 
 def record_time_ms(record: Record) -> int | None:
@@ -92,6 +95,17 @@ class RecordProducer:
                 return
             except BufferError:
                 self.producer.poll(0.05)
+
+    def send_emission(self, em: Emission) -> None:
+        """One output of the processor (worker and replay alike): encoded, keyed, stamped with
+        its event time, its headers as bytes."""
+        self.send_encoded(
+            em.topic,
+            em.key.encode() if em.key is not None else None,
+            self.codec.encode(em.topic, em.record),
+            em.timestamp_ms,
+            [(k, v.encode()) for k, v in em.headers] or None,
+        )
 
     def send_raw(
         self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None

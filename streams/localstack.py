@@ -621,6 +621,17 @@ def _needs_start(s: Settings, service: str) -> bool:
     return True
 
 
+def _raise_open_files_limit() -> None:
+    """In the child before exec: the soft limit of open files up to the hard one. A broker
+    keeps several files open per partition; at the usual soft limit a busy dev log dir stops it
+    with "Too many open files"."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def _start(s: Settings, service: str) -> None:
     s.logs_dir.mkdir(parents=True, exist_ok=True)
     (s.data_dir / service).mkdir(parents=True, exist_ok=True)
@@ -638,6 +649,7 @@ def _start(s: Settings, service: str) -> None:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: no terminal signals, clean killpg
+            preexec_fn=_raise_open_files_limit,
         )
     _children[proc.pid] = proc
     s.pid_file(service).write_text(f"{proc.pid}\n")

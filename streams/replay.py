@@ -23,9 +23,9 @@ import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from streams.admin import create_topics
@@ -72,8 +72,14 @@ def _ms(t: datetime) -> int:
 REPLAY_FLUSH_EVERY = 20_000
 #: records between two progress reports of a child process to the parent's bar.
 PROGRESS_EVERY = 2_000
+#: records asked of the consumer at a time.
+CONSUME_BATCH = 1_000
+#: the outputs producer waits this long to fill its batches: a replay is about throughput, and
+#: fewer, larger produce requests leave the broker more of the machine.
+REPLAY_LINGER_MS = 50
 
 Progressed = Callable[[int], None]
+T = TypeVar("T")
 
 
 def default_processes(settings: Settings) -> int:
@@ -156,7 +162,7 @@ def replay_partitions(
     # and dumped once per flush, not once per record (nothing is redelivered in a replay).
     processor = Processor.from_settings(out_settings, outputs, Stores(), write_behind=True)
     allowed = {t.name: t.value_types for t in inputs.inputs()}
-    producer = RecordProducer(out_settings, codec)
+    producer = RecordProducer(out_settings, codec, **{"linger.ms": REPLAY_LINGER_MS})
     summary = ReplaySummary()
     mine = [
         (t.name, p)
@@ -174,14 +180,18 @@ def replay_partitions(
         }
     )
     try:
-        found = consumer.offsets_for_times(
-            [TopicPartition(t, p, _ms(start)) for t, p in mine], timeout=30
+        found = _retrying(
+            lambda: consumer.offsets_for_times(
+                [TopicPartition(t, p, _ms(start)) for t, p in mine], timeout=30
+            )
         )
         assignment: list[TopicPartition] = []
         remaining: dict[tuple[str, int], int] = {}
         for tp in found:
-            _, high = consumer.get_watermark_offsets(
-                TopicPartition(tp.topic, tp.partition), timeout=30
+            _, high = _retrying(
+                lambda tp=tp: consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=30
+                )
             )
             if tp.offset < 0 or tp.offset >= high:
                 continue  # nothing at or after the start time
@@ -192,46 +202,50 @@ def replay_partitions(
 
         def emit(emissions: list[Emission]) -> None:
             for em in emissions:
-                producer.send(em.topic, em.record, key=em.key, headers=dict(em.headers) or None)
-                summary.outputs_written += 1
+                producer.send_emission(em)
                 summary.outputs_by_topic[em.topic] = summary.outputs_by_topic.get(em.topic, 0) + 1
+            summary.outputs_written += len(emissions)
 
         unreported = 0
+        end_ms = _ms(end) if end is not None else None
         while remaining:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                continue
-            tp = (msg.topic(), msg.partition())
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    remaining.pop(tp, None)
+            for msg in consumer.consume(CONSUME_BATCH, 1.0):
+                tp = (msg.topic(), msg.partition())
+                if msg.error():
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        remaining.pop(tp, None)
+                        continue
+                    raise RuntimeError(str(msg.error()))
+                if tp not in remaining:
                     continue
-                raise RuntimeError(str(msg.error()))
-            if tp not in remaining:
-                continue
-            if msg.offset() >= remaining[tp] - 1:
-                remaining.pop(tp)
-            ts = msg.timestamp()[1]
-            if end is not None and ts >= _ms(end):
-                remaining.pop(tp, None)  # this partition has reached the end time
-                continue
-            env = open_envelope(
-                codec,
-                allowed,
-                msg.topic(),
-                msg.partition(),
-                msg.offset(),
-                ts,
-                msg.key(),
-                msg.value(),
-            )
-            summary.records_read += 1
-            emit(processor.handle(env))
-            processor.drain_done()
-            if summary.records_read % REPLAY_FLUSH_EVERY == 0:
-                processor.flush()
-                processor.flush_clocks()
-            unreported += 1
+                if msg.offset() >= remaining[tp] - 1:
+                    remaining.pop(tp)
+                ts = msg.timestamp()[1]
+                if end_ms is not None and ts >= end_ms:
+                    remaining.pop(tp, None)  # this partition has reached the end time
+                    continue
+                env = open_envelope(
+                    codec,
+                    allowed,
+                    msg.topic(),
+                    msg.partition(),
+                    msg.offset(),
+                    ts,
+                    msg.key(),
+                    msg.value(),
+                )
+                summary.records_read += 1
+                emit(processor.handle(env))
+                processor.drain_done()
+                if summary.records_read % REPLAY_FLUSH_EVERY == 0:
+                    processor.flush()
+                    processor.flush_clocks()
+                unreported += 1
+            producer.producer.poll(0)  # delivery reports: a failed output fails the replay
+            if producer.errors:
+                raise RuntimeError(
+                    f"{len(producer.errors)} outputs were not delivered: {producer.errors[0]}"
+                )
             if unreported >= PROGRESS_EVERY:
                 progressed(unreported)
                 unreported = 0
@@ -262,6 +276,37 @@ def replay_partitions(
     summary.dead_letters = processor.counters.dead_letters
     summary.held = processor.held()
     return summary
+
+
+#: errors of a metadata or offsets request that pass once the cluster settles.
+_TRANSIENT = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+    }
+)
+
+
+def _retrying(call: Callable[[], T], attempts: int = 10) -> T:
+    """``call`` again while it fails with a retriable Kafka error (a partition whose leader is
+    moving or was just created), waiting a little longer each time."""
+    for attempt in range(attempts):
+        try:
+            return call()
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not isinstance(error, KafkaError) or not (
+                error.retriable() or error.code() in _TRANSIENT
+            ):
+                raise
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def _child(

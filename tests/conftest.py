@@ -49,6 +49,15 @@ def _cluster_for_kafka_marked_tests(request: pytest.FixtureRequest) -> None:
         request.getfixturevalue("cluster")
 
 
+@pytest.fixture(autouse=True)
+def _delete_test_topics() -> Iterator[None]:
+    """After each test, the topics of the deployments it made (``tests.support.deployment``)."""
+    yield
+    from tests.support import delete_made_topics
+
+    delete_made_topics()
+
+
 @pytest.fixture(scope="session")
 def _cluster_and_origin() -> Iterator[tuple[Cluster, Origin]]:
     from_env = localstack.cluster_from_env()

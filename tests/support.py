@@ -102,6 +102,28 @@ class Deployment:
         raise AssertionError(f"timed out; got {len(got)} records: {[r.record for r in got][:20]}")
 
 
+#: (bootstrap servers, topic prefix) of the deployments made by the running test: their topics
+#: are deleted after it (``conftest._delete_test_topics``), so that a broker running many test
+#: sessions does not pile up partitions (and open files) until it stops.
+made: list[tuple[Settings, str]] = []
+
+
+def delete_made_topics() -> None:
+    """Delete the topics of the deployments made since the last call (best effort, not waited
+    for: the broker deletes them in the background)."""
+    from confluent_kafka.admin import AdminClient
+
+    while made:
+        settings, prefix = made.pop()
+        try:
+            admin = AdminClient(settings.confluent_conf())
+            names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
+            if names:
+                admin.delete_topics(names, operation_timeout=0)
+        except Exception:  # the test may have stopped the broker; nothing to clean then
+            continue
+
+
 def deployment(cluster: Cluster, tmp_path: Path, partitions: int = 3, **kw: Any) -> Deployment:
     name = f"t{uuid.uuid4().hex[:8]}"
     settings = replace(
@@ -115,6 +137,7 @@ def deployment(cluster: Cluster, tmp_path: Path, partitions: int = 3, **kw: Any)
         **kw,
     )
     codec = AvroCodec.connect(RegistryConfig(settings.schema_registry_url))
+    made.append((settings, name))
     create_topics(settings)
     prepare_registry(settings, codec)
     return Deployment(settings, codec, Topics.from_settings(settings), tmp_path)

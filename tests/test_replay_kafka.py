@@ -218,3 +218,26 @@ def test_vigil_replay_command_shares_partitions_among_processes(cluster, tmp_pat
     assert rows["records read"] == str(len(events))
     work = [t for t in rows if t.endswith("reconciliation-work-cli")]
     assert len(work) == 1 and rows[work[0]] == str(len(events))
+
+
+def test_offsets_lookups_retry_transient_errors_only() -> None:
+    """A partition whose leader is moving (just created) is asked again; a real fault is not."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from streams.replay import _retrying
+
+    calls = []
+
+    def moving() -> int:
+        calls.append(1)
+        if len(calls) < 3:
+            raise KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))
+        return 42
+
+    assert _retrying(moving) == 42 and len(calls) == 3
+
+    def denied() -> int:
+        raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+
+    with pytest.raises(KafkaException):
+        _retrying(denied)
