@@ -58,6 +58,15 @@ def _delete_test_topics() -> Iterator[None]:
     delete_made_topics()
 
 
+@pytest.fixture(autouse=True)
+def _delete_test_topics() -> Iterator[None]:
+    """After each test, the topics of the deployments it made (``tests.support.deployment``)."""
+    yield
+    from tests.support import delete_made_topics
+
+    delete_made_topics()
+
+
 @pytest.fixture(scope="session")
 def _cluster_and_origin() -> Iterator[tuple[Cluster, Origin]]:
     from_env = localstack.cluster_from_env()

@@ -109,8 +109,8 @@ made: list[tuple[Settings, str]] = []
 
 
 def delete_made_topics() -> None:
-    """Delete the topics of the deployments made since the last call (best effort, not waited
-    for: the broker deletes them in the background)."""
+    """Delete the topics of the deployments made since the last call (best effort). With an
+    operation timeout of 0 a KRaft broker acknowledges and deletes nothing: it is waited for."""
     from confluent_kafka.admin import AdminClient
 
     while made:
@@ -118,8 +118,10 @@ def delete_made_topics() -> None:
         try:
             admin = AdminClient(settings.confluent_conf())
             names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
-            if names:
-                admin.delete_topics(names, operation_timeout=0)
+            for future in (
+                admin.delete_topics(names, operation_timeout=30).values() if names else ()
+            ):
+                future.result(timeout=60)
         except Exception:  # the test may have stopped the broker; nothing to clean then
             continue
 
