@@ -21,6 +21,7 @@ from typing import Any
 
 import faust
 from faust.streams import _current_event
+from faust.types import TP
 
 from agents.changelog import DirectTable
 from agents.drain import BatchDrain
@@ -74,7 +75,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     processor = Processor.from_settings(
         settings, topics, stores, write_behind=True, committed=committed
     )
-    feed = Feed()
+    feed = Feed(codec.decode)
     guard = OffsetGuard()
     ack_order = AckOrder()
     metrics = Metrics(processor, lambda: _lag(app), guard)
@@ -149,6 +150,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
             tp
             for tp in consumer.assignment()
             if tp.topic in input_names
+            and tp not in paused  # not fetched on purpose (hold_back)
             and now
             - max(
                 arrived.get(tp, 0.0),
@@ -239,9 +241,9 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
             )
             emissions.extend(handle(env, token=msg))
         # 1. the outputs, delivered
+        sent: list[bytes] = []
         if emissions:
-            for em in emissions:
-                send(em)
+            sent = [send(em) for em in emissions]
             await delivered()
         if rebalances[0] != generation:
             return
@@ -262,8 +264,11 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
             ack_order.finish(done)
         for ready in ack_order.release():
             consumer.ack(ready)
+        hold_back(consumer)
         if emissions:
-            feed.publish(em.record for em in emissions)
+            feed.publish(
+                (em.record, em.topic, value) for em, value in zip(emissions, sent, strict=True)
+            )
             now = time.time()
             for msg in batch:
                 if msg.timestamp:
@@ -280,6 +285,32 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     )
     _install_drain(app, drain)
 
+    #: input topic partitions this worker paused because they ran ahead (``hold_back``)
+    paused: set[Any] = set()
+
+    def hold_back(consumer: Any) -> None:
+        """Flow control in event time: stop reading a topic partition whose events wait for
+        the watermark in numbers (``VIGIL_MAX_HELD``), resume it at half. Without it, a
+        backlog read faster on one topic than on another waits in memory, event by event."""
+        limit = settings.max_held
+        pause, resume = [], []
+        for (topic, partition), n in processor.held_by.items():
+            tp = TP(topic, partition)
+            if tp not in paused and n > limit and processor.held_ahead(topic, partition):
+                pause.append(tp)
+        for tp in paused:
+            n = processor.held_by.get((tp.topic, tp.partition), 0)
+            if n <= limit // 2 or not processor.held_ahead(tp.topic, tp.partition):
+                resume.append(tp)
+        if pause:
+            consumer.pause_partitions(pause)
+            paused.update(pause)
+            metrics.paused.inc(len(pause))
+        if resume:
+            consumer.resume_partitions(resume)
+            paused.difference_update(resume)
+        metrics.held.set(processor.held())
+
     def forget() -> None:
         """Drop everything a batch in progress did that is not yet on the broker."""
         processor.forget_partitions()
@@ -287,6 +318,10 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         clocks.discard()
         guard.reset()
         ack_order.reset()
+        consumer = getattr(app, "consumer", None)
+        if paused and consumer is not None:
+            consumer.resume_partitions(list(paused))  # nothing is held any more
+        paused.clear()
 
     @app.task
     async def pipeline() -> None:
@@ -305,6 +340,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
                 log.exception("batch of %s records failed; it will be read again", len(batch))
                 metrics.batch_failures.inc()
                 forget()
+            del batch  # not kept, decoded, while the next batch is awaited
 
     @app.on_partitions_revoked.connect
     async def _revoked(app: faust.App, revoked: Any, **_: Any) -> None:

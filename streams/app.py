@@ -55,6 +55,11 @@ def create_app(settings: Settings, codec: AvroCodec | None = None) -> faust.App:
         autodiscover=False,
         table_cleanup_interval=60.0,
         producer_acks=-1,
+        # What the consumer holds fetched but unprocessed: at most one batch handed over per
+        # poll, and ``fetch_bytes`` read ahead per partition (memory per in-flight execution,
+        # BENCHMARKS.md).
+        broker_max_poll_records=settings.batch_size,
+        consumer_max_fetch_size=settings.fetch_bytes,
         # Events held for the watermark are unacknowledged on purpose; on a rebalance they are
         # dropped from memory and redelivered to the new owner, so there is nothing to wait for.
         stream_wait_empty=False,

@@ -96,16 +96,18 @@ class RecordProducer:
             except BufferError:
                 self.producer.poll(0.05)
 
-    def send_emission(self, em: Emission) -> None:
+    def send_emission(self, em: Emission) -> bytes:
         """One output of the processor (worker and replay alike): encoded, keyed, stamped with
-        its event time, its headers as bytes."""
+        its event time, its headers as bytes. Returns the value as sent."""
+        value = self.codec.encode(em.topic, em.record)
         self.send_encoded(
             em.topic,
             em.key.encode() if em.key is not None else None,
-            self.codec.encode(em.topic, em.record),
+            value,
             em.timestamp_ms,
             [(k, v.encode()) for k, v in em.headers] or None,
         )
+        return value
 
     def send_raw(
         self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None

@@ -5,13 +5,18 @@ Because the event id is the output record's own id, a client that reconnects wit
 ``Last-Event-ID`` resumes right after it, even across a worker restart, as long as the record
 is still held (the last ``per_execution`` outputs of the ``max_executions`` most recently
 active executions). A record no longer held is not invented: the client gets what is held.
+
+Why records are held as the Avro bytes the worker published, not as models: most are never
+watched, and a model with its dict, fields set and datetimes weighs five to ten times its
+encoding. Holding models cost about 900 bytes per in-flight execution at 100,000 in flight
+(BENCHMARKS.md, step 4); a record is decoded again only when a client reads it.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from streams.models.base import Record
@@ -35,12 +40,22 @@ def record_id(record: Record) -> str:
     raise ValueError(f"{record.avro_name} has no id field")
 
 
+#: How a held record is read back: (topic, the value as published) -> the record.
+Decode = Callable[[str, bytes], Record]
+
+
 @dataclass(frozen=True, slots=True)
 class FeedEvent:
     id: str
     kind: str
-    record: Record
+    topic: str
+    value: bytes
+    decode: Decode
     terminal: bool = False
+
+    @property
+    def record(self) -> Record:
+        return self.decode(self.topic, self.value)
 
     @property
     def data(self) -> str:
@@ -53,19 +68,24 @@ class FeedEvent:
 
 
 class Feed:
-    def __init__(self, per_execution: int = 256, max_executions: int = 10_000) -> None:
+    def __init__(
+        self, decode: Decode, per_execution: int = 256, max_executions: int = 10_000
+    ) -> None:
+        self.decode = decode
         self.per_execution = per_execution
         self.max_executions = max_executions
         self._events: OrderedDict[str, deque[FeedEvent]] = OrderedDict()
         self._waiters: dict[str, set[asyncio.Event]] = {}
 
-    def publish(self, records: Iterable[Record]) -> None:
-        for record in records:
+    def publish(self, published: Iterable[tuple[Record, str, bytes]]) -> None:
+        """Hold outputs as published: (record, topic, encoded value)."""
+        decode = self.decode
+        for record, topic, value in published:
             execution_id = getattr(record, "execution_id", None)
             if not execution_id:
                 continue
             terminal = bool(getattr(record, "terminal", False))
-            event = FeedEvent(record_id(record), record.avro_name, record, terminal)
+            event = FeedEvent(record_id(record), record.avro_name, topic, value, decode, terminal)
             buf = self._events.get(execution_id)
             if buf is None:
                 buf = self._events[execution_id] = deque(maxlen=self.per_execution)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from streams.core import approvals as ap
@@ -131,6 +131,18 @@ class Metrics:
             "vigil_batch_failures",
             "Batches whose processing raised; each is read again from its first "
             "unacknowledged record",
+            registry=self.registry,
+        )
+
+        self.paused = Counter(
+            "vigil_partitions_paused",
+            "Times an input topic partition was paused because its events waited for the "
+            "watermark in numbers (VIGIL_MAX_HELD)",
+            registry=self.registry,
+        )
+        self.held = Gauge(
+            "vigil_events_held",
+            "Input events waiting for their partition's watermark",
             registry=self.registry,
         )
 

@@ -142,6 +142,10 @@ class Processor:
         # Events waiting for the watermark to pass their time, per partition: a heap of
         # (event time ms, topic rank, offset, seq, envelope, token).
         self.pending: dict[int, list[tuple[int, int, int, int, Envelope, Any]]] = {}
+        #: held events per (input topic, partition): the live worker pauses a topic partition
+        #: that runs far ahead of the others (``held_ahead``), so what waits for the watermark
+        #: stays bounded whatever the backlog.
+        self.held_by: Counter[tuple[str, int]] = Counter()
         self._seq = 0
         self._done: list[Any] = []
         self._rank = {name: i for i, name in enumerate(self.input_names)}
@@ -188,6 +192,7 @@ class Processor:
         # Held events were never acknowledged: Kafka redelivers them to the new owner. So it
         # does the inputs whose state was not flushed yet: forget both, acknowledge neither.
         self.pending.clear()
+        self.held_by.clear()
         self.state.discard()
         self._clocks_dirty.clear()
         self._done.clear()
@@ -240,6 +245,17 @@ class Processor:
     def held(self) -> int:
         return sum(len(h) for h in self.pending.values())
 
+    def held_ahead(self, topic: str, partition: int) -> bool:
+        """Whether the topic partition's newest time is past its partition's watermark: its
+        held events wait for the other inputs, so reading it further only holds more. The
+        input that sets the watermark is never ahead: pausing it could stop time."""
+        clock = self.clocks.get(partition)
+        newest = clock.max_for(topic) if clock is not None else None
+        if newest is None:
+            return False
+        watermark = self._watermark(partition)
+        return watermark is None or newest > watermark
+
     def _handle(self, env: Envelope, token: Any) -> list[Emission]:
         out: list[Emission] = []
         if not env.ok:
@@ -266,6 +282,7 @@ class Processor:
             self._done.append(token)
         else:
             self._seq += 1
+            self.held_by[(env.topic, env.partition)] += 1
             heapq.heappush(
                 self.pending.setdefault(env.partition, []),
                 (_ms(t), self._rank.get(env.topic, 0), env.offset, self._seq, env, token),
@@ -348,6 +365,7 @@ class Processor:
             else:
                 out.append(self._anomaly(env, env.record, finding))
                 self._done.append(item[5])
+                self.held_by[(env.topic, partition)] -= 1
         if len(keep) != len(pending):
             heapq.heapify(keep)
             self.pending[partition] = keep
@@ -577,6 +595,7 @@ class Processor:
                 return
             if next_event is not None and (next_due is None or next_event <= next_due):
                 _, _, _, _, env, token = heapq.heappop(pending)
+                self.held_by[(env.topic, partition)] -= 1
                 assert env.record is not None
                 self._apply(env, env.record, out)
                 self._done.append(token)

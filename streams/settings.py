@@ -84,6 +84,15 @@ class Settings:
     #: once for the lot: larger batches, fewer round trips; a longer wait, more latency.
     batch_size: int = 5000
     batch_wait: timedelta = timedelta(milliseconds=20)
+    #: VIGIL_FETCH_BYTES — bytes the consumer fetches ahead per input partition. The fetched
+    #: records wait in memory as Python objects until processed; under a backlog that is the
+    #: worker's largest transient allocation, and the process keeps the memory afterwards.
+    fetch_bytes: int = 256 * 1024
+    #: VIGIL_MAX_HELD — events an input topic partition may have waiting for the watermark
+    #: before the worker stops reading it (resumed at half). Only a topic partition ahead of
+    #: the others is paused: a backlog in one topic then costs memory in proportion to this,
+    #: not to the backlog (Kafka Streams' buffered.records.per.partition, in event time).
+    max_held: int = 2000
     #: KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
@@ -122,6 +131,8 @@ class Settings:
             sse_keepalive=float(_env("VIGIL_SSE_KEEPALIVE", "15")),  # type: ignore[arg-type]
             batch_size=int(_env("VIGIL_BATCH_SIZE", str(d.batch_size))),  # type: ignore[arg-type]
             batch_wait=parse_duration(_env("VIGIL_BATCH_WAIT", "20ms")),  # type: ignore[arg-type]
+            fetch_bytes=int(_env("VIGIL_FETCH_BYTES", str(d.fetch_bytes))),  # type: ignore[arg-type]
+            max_held=int(_env("VIGIL_MAX_HELD", str(d.max_held))),  # type: ignore[arg-type]
             security_protocol=_env("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),  # type: ignore[arg-type]
             sasl_mechanism=_env("KAFKA_SASL_MECHANISM"),
             sasl_username=_env("KAFKA_SASL_USERNAME"),

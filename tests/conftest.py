@@ -51,20 +51,42 @@ def _cluster_for_kafka_marked_tests(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture(autouse=True)
 def _delete_test_topics() -> Iterator[None]:
-    """After each test, the topics of the deployments it made (``tests.support.deployment``)."""
+    """After each test, the topics of the deployments it made (``tests.support.deployment``).
+    Those of module- and session-scoped fixtures, made before it starts, stay until the end
+    of the session."""
+    from tests.support import delete_made_topics, made
+
+    before = len(made)
+    yield
+    delete_made_topics(since=before)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _delete_shared_test_topics() -> Iterator[None]:
     yield
     from tests.support import delete_made_topics
 
-    delete_made_topics()
+    delete_made_topics(since=0)
 
 
 @pytest.fixture(autouse=True)
 def _delete_test_topics() -> Iterator[None]:
-    """After each test, the topics of the deployments it made (``tests.support.deployment``)."""
+    """After each test, the topics of the deployments it made (``tests.support.deployment``).
+    Those of module- and session-scoped fixtures, made before it starts, stay until the end
+    of the session."""
+    from tests.support import delete_made_topics, made
+
+    before = len(made)
+    yield
+    delete_made_topics(since=before)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _delete_shared_test_topics() -> Iterator[None]:
     yield
     from tests.support import delete_made_topics
 
-    delete_made_topics()
+    delete_made_topics(since=0)
 
 
 @pytest.fixture(scope="session")

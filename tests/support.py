@@ -108,12 +108,12 @@ class Deployment:
 made: list[tuple[Settings, str]] = []
 
 
-def delete_made_topics() -> None:
-    """Delete the topics of the deployments made since the last call (best effort). With an
+def delete_made_topics(since: int = 0) -> None:
+    """Delete the topics of the deployments made after the first ``since`` (best effort). With an
     operation timeout of 0 a KRaft broker acknowledges and deletes nothing: it is waited for."""
     from confluent_kafka.admin import AdminClient
 
-    while made:
+    while len(made) > since:
         settings, prefix = made.pop()
         try:
             admin = AdminClient(settings.confluent_conf())
