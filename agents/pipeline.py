@@ -25,6 +25,7 @@ from faust.types import TP
 
 from agents.changelog import DirectTable
 from agents.drain import BatchDrain
+from streams import flow
 from streams.admin import admin_client
 from streams.clients import RecordProducer
 from streams.codec import AvroCodec
@@ -289,26 +290,23 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     paused: set[Any] = set()
 
     def hold_back(consumer: Any) -> None:
-        """Flow control in event time: stop reading a topic partition whose events wait for
-        the watermark in numbers (``VIGIL_MAX_HELD``), resume it at half. Without it, a
-        backlog read faster on one topic than on another waits in memory, event by event."""
-        limit = settings.max_held
-        pause, resume = [], []
-        for (topic, partition), n in processor.held_by.items():
-            tp = TP(topic, partition)
-            if tp not in paused and n > limit and processor.held_ahead(topic, partition):
-                pause.append(tp)
-        for tp in paused:
-            n = processor.held_by.get((tp.topic, tp.partition), 0)
-            if n <= limit // 2 or not processor.held_ahead(tp.topic, tp.partition):
-                resume.append(tp)
+        """Stop reading input topic partitions that run ahead in event time, read them again
+        when their waiting events drain (``streams/flow.py``)."""
+        pause, resume = flow.hold_back(
+            processor.held_by,
+            ((tp.topic, tp.partition) for tp in paused),
+            processor.held_ahead,
+            settings.max_held,
+        )
         if pause:
-            consumer.pause_partitions(pause)
-            paused.update(pause)
-            metrics.paused.inc(len(pause))
+            tps = [TP(topic, partition) for topic, partition in pause]
+            consumer.pause_partitions(tps)
+            paused.update(tps)
+            metrics.paused.inc(len(tps))
         if resume:
-            consumer.resume_partitions(resume)
-            paused.difference_update(resume)
+            tps = [TP(topic, partition) for topic, partition in resume]
+            consumer.resume_partitions(tps)
+            paused.difference_update(tps)
         metrics.held.set(processor.held())
 
     def forget() -> None:

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from streams import flow
 from streams.admin import create_topics
 from streams.clients import RecordProducer
 from streams.codec import AvroCodec
@@ -208,6 +209,7 @@ def replay_partitions(
 
         unreported = 0
         end_ms = _ms(end) if end is not None else None
+        paused: set[tuple[str, int]] = set()
         while remaining:
             for msg in consumer.consume(CONSUME_BATCH, 1.0):
                 tp = (msg.topic(), msg.partition())
@@ -241,6 +243,19 @@ def replay_partitions(
                     processor.flush()
                     processor.flush_clocks()
                 unreported += 1
+            # Bounded memory: partitions ahead in event time wait for the others (as live);
+            # once only paused partitions have records left, nothing else can move time.
+            pause, resume = flow.hold_back(
+                processor.held_by, paused, processor.held_ahead, settings.max_held
+            )
+            if pause and not set(remaining) <= paused | set(pause):
+                consumer.pause([TopicPartition(t, p) for t, p in pause])
+                paused.update(pause)
+            if paused and set(remaining) <= paused:
+                resume = sorted(paused)
+            if resume:
+                consumer.resume([TopicPartition(t, p) for t, p in resume])
+                paused.difference_update(resume)
             producer.producer.poll(0)  # delivery reports: a failed output fails the replay
             if producer.errors:
                 raise RuntimeError(

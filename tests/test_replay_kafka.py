@@ -241,3 +241,40 @@ def test_offsets_lookups_retry_transient_errors_only() -> None:
 
     with pytest.raises(KafkaException):
         _retrying(denied)
+
+
+def test_replay_pauses_a_topic_far_ahead_and_still_reads_everything(
+    cluster, tmp_path: Path
+) -> None:
+    """600 operation events, then ticks, replayed with VIGIL_MAX_HELD at 50: the operation
+    topic is paused whenever it runs ahead of inputs that have not moved (how far depends on
+    the order librdkafka hands the partitions over), and once only paused partitions have
+    records left they are read anyway. Every event is processed, nothing is left held, the
+    replay ends."""
+    from dataclasses import replace
+
+    from streams.models.outputs import OperationState
+    from streams.scenario import Tick
+    from tests.test_processor import T0, sent
+
+    dep = deployment(cluster, tmp_path, partitions=1)
+    events = [
+        sent(f"op-{i}", ex=f"ex-{i}", minutes=i / 600, reply_due_at=T0 + timedelta(hours=1))
+        for i in range(600)
+    ]
+    play(dep, [*events, Tick(T0 + timedelta(minutes=5))])
+    summary = run_replay(
+        replace(dep.settings, max_held=50),
+        dep.codec,
+        T0,
+        output_suffix="-held",
+        show_progress=False,
+    )
+    assert summary.records_read == len(events) + len(dep.topics.inputs())
+    assert summary.held == 0
+    got = [
+        r.record
+        for r in consume(dep.settings, dep.codec, list(summary.output_topics), idle_timeout=3.0)
+    ]
+    states = {r.operation_id for r in got if isinstance(r, OperationState)}
+    assert len(states) == len(events)
