@@ -64,8 +64,10 @@ def _delete_test_topics() -> Iterator[None]:
 @pytest.fixture(scope="session", autouse=True)
 def _delete_shared_test_topics() -> Iterator[None]:
     yield
-    from tests.support import delete_made_topics
+    from tests.support import delete_made_topics, made, made_in_background
 
+    made.extend(made_in_background)
+    made_in_background.clear()
     delete_made_topics(since=0)
 
 
@@ -84,8 +86,10 @@ def _delete_test_topics() -> Iterator[None]:
 @pytest.fixture(scope="session", autouse=True)
 def _delete_shared_test_topics() -> Iterator[None]:
     yield
-    from tests.support import delete_made_topics
+    from tests.support import delete_made_topics, made, made_in_background
 
+    made.extend(made_in_background)
+    made_in_background.clear()
     delete_made_topics(since=0)
 
 

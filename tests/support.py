@@ -102,10 +102,13 @@ class Deployment:
         raise AssertionError(f"timed out; got {len(got)} records: {[r.record for r in got][:20]}")
 
 
-#: (bootstrap servers, topic prefix) of the deployments made by the running test: their topics
-#: are deleted after it (``conftest._delete_test_topics``), so that a broker running many test
-#: sessions does not pile up partitions (and open files) until it stops.
+#: (settings, topic prefix) of the deployments made in the main thread: those made during a
+#: test are deleted after it (``conftest._delete_test_topics``), so that a broker running many
+#: test sessions does not pile up partitions (and open files) until it stops.
 made: list[tuple[Settings, str]] = []
+#: made in other threads (a module fixture's background runs outlive the test that started
+#: them): deleted at the end of the session.
+made_in_background: list[tuple[Settings, str]] = []
 
 
 def delete_made_topics(since: int = 0) -> None:
@@ -139,7 +142,10 @@ def deployment(cluster: Cluster, tmp_path: Path, partitions: int = 3, **kw: Any)
         **kw,
     )
     codec = AvroCodec.connect(RegistryConfig(settings.schema_registry_url))
-    made.append((settings, name))
+    if threading.current_thread() is threading.main_thread():
+        made.append((settings, name))
+    else:
+        made_in_background.append((settings, name))
     create_topics(settings)
     prepare_registry(settings, codec)
     return Deployment(settings, codec, Topics.from_settings(settings), tmp_path)
