@@ -96,7 +96,7 @@ class AvroCodec:
             header, parsed = cached
             buf = io.BytesIO()
             buf.write(header)
-            schemaless_writer(buf, parsed, record.to_avro())
+            schemaless_writer(buf, parsed, avro_dict(record))
             return buf.getvalue()
         ctx = SerializationContext(topic, MessageField.VALUE)
         data = self.serializer(model)(record, ctx)
@@ -123,15 +123,18 @@ class AvroCodec:
 
     def _reader(self, schema_id: int, model: type[Record]) -> tuple[Any, Any]:
         """The writer's schema (from the registry, once per id) and ours, parsed: Avro schema
-        resolution absorbs a compatible change (a field added by a newer producer)."""
+        resolution absorbs a compatible change (a field added by a newer producer). When the
+        writer's schema is ours, field for field, there is nothing to resolve: the reader
+        schema is None and fastavro reads with the writer's alone, at half the cost."""
         pair = self._readers.get((schema_id, model))
         if pair is None:
             writer = self._writer_schemas.get(schema_id)
             if writer is None:
                 text = self.registry.get_schema(schema_id).schema_str
-                writer = parse_schema(json.loads(text))
+                writer = (parse_schema(json.loads(text)), json.loads(text))
                 self._writer_schemas[schema_id] = writer
-            pair = (writer, _parsed(model))
+            parsed, declared = writer
+            pair = (parsed, None if declared == model.avro_schema() else _parsed(model))
             self._readers[(schema_id, model)] = pair
         return pair
 
@@ -175,6 +178,43 @@ class AvroCodec:
             raise DecodeError(f"invalid {fullname}: {problems}") from exc
 
 
+def avro_dict(record: Record) -> dict[str, Any]:
+    """What fastavro writes for ``record``: its own field values, nested records as dicts.
+    ``model_dump`` gives the same dict at three times the cost; fastavro takes a ``StrEnum``
+    as its symbol, a tuple as an array and an aware time as ``timestamp-millis``."""
+    nested = _NESTED.get(type(record))
+    if nested is None:
+        nested = _NESTED[type(record)] = _nested_fields(type(record))
+    values = record.__dict__
+    if not nested:
+        return values
+    out = dict(values)
+    for name in nested:
+        value = values[name]
+        if isinstance(value, Record):
+            out[name] = avro_dict(value)
+        elif isinstance(value, tuple) and value and isinstance(value[0], Record):
+            out[name] = [avro_dict(v) for v in value]
+    return out
+
+
+def _nested_fields(model: type[Record]) -> tuple[str, ...]:
+    """The fields of ``model`` whose type mentions a record (a record, or an array of them)."""
+    return tuple(
+        name
+        for name, info in model.model_fields.items()
+        if any(isinstance(t, type) and issubclass(t, Record) for t in _type_args(info.annotation))
+    )
+
+
+def _type_args(annotation: Any) -> list[Any]:
+    args = [annotation]
+    for a in getattr(annotation, "__args__", ()):
+        args.extend(_type_args(a))
+    return args
+
+
+_NESTED: dict[type[Record], tuple[str, ...]] = {}
 _PARSED: dict[type[Record], Any] = {}
 
 

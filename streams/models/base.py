@@ -6,9 +6,9 @@ import json
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 
@@ -23,6 +23,12 @@ def to_millis(value: datetime) -> datetime:
         return value  # already what it must be: the common case, kept cheap
     value = value.astimezone(UTC)
     return value.replace(microsecond=(value.microsecond // 1000) * 1000)
+
+
+#: The type of every time field of a contract record: aware (a naive time is refused) and
+#: truncated to milliseconds. A validator on these fields alone, not one on every field: it
+#: runs for each field of each decoded record, a fifth of the cost of validating one.
+Millis = Annotated[AwareDatetime, AfterValidator(to_millis)]
 
 
 # The instance slots every pydantic model has, set directly: ``construct`` and ``replace``
@@ -78,15 +84,6 @@ class Record(BaseModel):
     key_field: ClassVar[str | None] = "execution_id"
     #: Field whose value is the Kafka record timestamp: event time, never the send time.
     time_field: ClassVar[str | None] = "occurred_at"
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _millis(cls, value: Any) -> Any:
-        if isinstance(value, datetime):
-            if value.tzinfo is None:
-                raise ValueError("timestamps must carry a timezone (UTC)")
-            return to_millis(value)
-        return value
 
     @classmethod
     def avro_schema_str(cls) -> str:

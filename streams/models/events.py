@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import AwareDatetime, Field
+from pydantic import Field
 
-from streams.models.base import Record
+from streams.models.base import Millis, Record
 from streams.models.enums import (
     DecisionCode,
     DeliveryOutcome,
@@ -25,7 +25,7 @@ class ExecutionStatusChanged(Record):
     execution_id: str = NonEmpty
     sequence: int
     status: ExecutionStatus
-    occurred_at: AwareDatetime
+    occurred_at: Millis
     agent_id: str | None = None
     reason: str | None = None
 
@@ -39,9 +39,9 @@ class OperationEvent(Record):
     idempotency_key: str | None = None
     connector: str
     kind: OperationEventKind
-    occurred_at: AwareDatetime
-    reply_due_at: AwareDatetime | None = None
-    verify_due_at: AwareDatetime | None = None
+    occurred_at: Millis
+    reply_due_at: Millis | None = None
+    verify_due_at: Millis | None = None
     effect_ref: str | None = None
     evidence_source: EvidenceSource = EvidenceSource.RUNTIME
     detail: str | None = None
@@ -54,8 +54,8 @@ class ApprovalRequested(Record):
     request_id: str = NonEmpty
     action: str
     action_digest: str
-    occurred_at: AwareDatetime
-    expires_at: AwareDatetime | None = None
+    occurred_at: Millis
+    expires_at: Millis | None = None
     approver_ref: str | None = None
     resume_handle: str | None = None
     risk: Risk = Risk.LOW
@@ -70,7 +70,7 @@ class ApprovalDelivery(Record):
     event_id: str = NonEmpty
     execution_id: str = NonEmpty
     request_id: str = NonEmpty
-    occurred_at: AwareDatetime
+    occurred_at: Millis
     outcome: DeliveryOutcome
     route_ref: str | None = None
 
@@ -80,7 +80,7 @@ class ApproverAcknowledgement(Record):
     event_id: str = NonEmpty
     execution_id: str = NonEmpty
     request_id: str = NonEmpty
-    occurred_at: AwareDatetime
+    occurred_at: Millis
     approver_ref: str | None = None
 
 
@@ -89,7 +89,7 @@ class ApprovalDecision(Record):
     event_id: str = NonEmpty
     execution_id: str = NonEmpty
     request_id: str = NonEmpty
-    occurred_at: AwareDatetime
+    occurred_at: Millis
     decision: DecisionCode
     action_digest: str | None = None
 
@@ -98,7 +98,7 @@ class CurrentActionDigest(Record):
     avro_name = "CurrentActionDigest"
     event_id: str = NonEmpty
     execution_id: str = NonEmpty
-    occurred_at: AwareDatetime
+    occurred_at: Millis
     action_digest: str
 
 
@@ -107,7 +107,7 @@ class ResumeReceipt(Record):
     event_id: str = NonEmpty
     execution_id: str = NonEmpty
     request_id: str = NonEmpty
-    occurred_at: AwareDatetime
+    occurred_at: Millis
     next_status: str | None = None
 
 
@@ -115,7 +115,7 @@ class RequesterHeartbeat(Record):
     avro_name = "RequesterHeartbeat"
     event_id: str = NonEmpty
     execution_id: str = NonEmpty
-    occurred_at: AwareDatetime
+    occurred_at: Millis
     resume_handle: str | None = None
 
 
@@ -126,7 +126,7 @@ class ClockTick(Record):
     key_field = None
     ticker_id: str
     partition: int
-    occurred_at: AwareDatetime
+    occurred_at: Millis
 
 
 #: Events that belong to an execution (everything but ticks).

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import AwareDatetime
-
-from streams.models.base import Record
+from streams.models.base import Millis, Record
 from streams.models.enums import (
     AlertKind,
     AlertStatus,
@@ -27,9 +25,9 @@ class ExecutionState(Record):
     time_field = "last_event_at"
     execution_id: str
     status: ExecutionStatus
-    since: AwareDatetime
-    first_seen_at: AwareDatetime
-    last_event_at: AwareDatetime
+    since: Millis
+    first_seen_at: Millis
+    last_event_at: Millis
     last_sequence: int
     open_operation_ids: tuple[str, ...] = ()
     open_approval_ids: tuple[str, ...] = ()
@@ -49,9 +47,9 @@ class OperationState(Record):
     status: OperationStatus
     retry: RetryVerdict
     reason: str | None = None
-    since: AwareDatetime
-    reply_due_at: AwareDatetime | None = None
-    verify_due_at: AwareDatetime | None = None
+    since: Millis
+    reply_due_at: Millis | None = None
+    verify_due_at: Millis | None = None
     effect_ref: str | None = None
     open_work_item_id: str | None = None
     state_id: str
@@ -68,8 +66,8 @@ class ReconciliationWorkItem(Record):
     idempotency_key: str | None = None
     connector: str
     kind: WorkItemKind
-    deadline: AwareDatetime
-    created_at: AwareDatetime
+    deadline: Millis
+    created_at: Millis
     effect_ref: str | None = None
 
 
@@ -84,7 +82,7 @@ class WorkItemResolution(Record):
     attempt: int
     outcome: OperationStatus
     evidence_source: EvidenceSource
-    resolved_at: AwareDatetime
+    resolved_at: Millis
 
 
 class ProofFinding(Record):
@@ -105,7 +103,7 @@ class Thresholds(Record):
     grace_ms: int
     heartbeat_fresh_ms: int
     delivery_deadline_ms: int
-    evaluated_at: AwareDatetime
+    evaluated_at: Millis
 
 
 class ApprovalVerdict(Record):
@@ -121,7 +119,7 @@ class ApprovalVerdict(Record):
     owner: Owner
     next_step: str
     thresholds: Thresholds
-    evaluated_at: AwareDatetime
+    evaluated_at: Millis
 
 
 class Alert(Record):
@@ -137,7 +135,7 @@ class Alert(Record):
     owner: Owner
     next_step: str
     evidence: tuple[str, ...] = ()
-    occurred_at: AwareDatetime
+    occurred_at: Millis
     resolves_alert_id: str | None = None
 
 
@@ -153,8 +151,8 @@ class Anomaly(Record):
     source_topic: str
     source_partition: int
     source_offset: int
-    occurred_at: AwareDatetime | None = None
-    detected_at: AwareDatetime
+    occurred_at: Millis | None = None
+    detected_at: Millis
 
 
 class DeadLetter(Record):
@@ -165,7 +163,7 @@ class DeadLetter(Record):
     source_topic: str
     source_partition: int
     source_offset: int
-    source_timestamp: AwareDatetime | None = None
+    source_timestamp: Millis | None = None
     reason: str
     original_key: bytes | None = None
     original_value: bytes | None = None
