@@ -41,15 +41,20 @@ from streams.web import register_web
 log = logging.getLogger("vigil.pipeline")
 
 
-def _table(app: faust.App, name: str, partitions: int) -> Any:
+def _table(app: faust.App, name: str, partitions: int, *, packed: bool = False) -> Any:
+    """Keys are JSON strings, which survive changelog recovery as ``str``.
+
+    A table's changelog takes the table's own value serializer, chosen from ``value_type``
+    (whatever the schema says). The clocks table's values are text (a clock's JSON): JSON on
+    the changelog, recovered as ``str``. The executions table's values are packed entries
+    (``streams/compact.py``), bytes: ``value_type=bytes`` makes them raw on the changelog and
+    in RocksDB. An entry an earlier version wrote as a JSON string is recovered as the bytes
+    of that string, which ``Entry.decode`` still reads."""
     return app.Table(
         name,
         default=None,
         partitions=partitions,
-        # Keys as JSON strings survive changelog recovery as ``str``. Values are text (an
-        # execution entry, a clock's JSON); the changelog takes the table's own serializer
-        # (JSON, whatever the schema says), so a value travels as a JSON string and is
-        # recovered as ``str``.
+        value_type=bytes if packed else None,
         schema=faust.Schema(
             key_type=str, value_type=bytes, key_serializer="json", value_serializer="raw"
         ),
@@ -61,7 +66,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     schema = SafeAvroSchema(codec, {t.name: t.value_types for t in topics.inputs()})
     source = app.topic(*(t.name for t in topics.inputs()), schema=schema)
     n = settings.partitions
-    executions = DirectTable(_table(app, "executions", n))
+    executions = DirectTable(_table(app, "executions", n, packed=True))
     clocks = DirectTable(_table(app, "partition-clocks", n))
     stores = Stores(executions=executions, clocks=clocks)
 
