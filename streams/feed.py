@@ -15,7 +15,7 @@ encoding. Holding models cost about 900 bytes per in-flight execution at 100,000
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -74,7 +74,10 @@ class Feed:
         self.decode = decode
         self.per_execution = per_execution
         self.max_executions = max_executions
-        self._events: OrderedDict[str, deque[FeedEvent]] = OrderedDict()
+        #: execution id -> its held events, oldest first. A list, not a ``deque(maxlen=...)``:
+        #: a deque takes a 600-byte block even for the three or four events most executions
+        #: have, and there are up to ``max_executions`` of them.
+        self._events: OrderedDict[str, list[FeedEvent]] = OrderedDict()
         self._waiters: dict[str, set[asyncio.Event]] = {}
 
     def publish(self, published: Iterable[tuple[Record, str, bytes]]) -> None:
@@ -88,7 +91,7 @@ class Feed:
             event = FeedEvent(record_id(record), record.avro_name, topic, value, decode, terminal)
             buf = self._events.get(execution_id)
             if buf is None:
-                buf = self._events[execution_id] = deque(maxlen=self.per_execution)
+                buf = self._events[execution_id] = []
                 while len(self._events) > self.max_executions:
                     self._events.popitem(last=False)
             else:
@@ -96,6 +99,8 @@ class Feed:
             if buf and buf[-1].id == event.id:
                 continue  # a redelivered duplicate
             buf.append(event)
+            if len(buf) > self.per_execution:
+                del buf[0]
             for waiter in self._waiters.get(execution_id, ()):
                 waiter.set()
 

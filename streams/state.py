@@ -35,8 +35,11 @@ FIELDS = ("inflight", "closed", "operations", "approvals")
 #: dropped anyway (Kafka never redelivers them); this bounds an execution whose inputs come
 #: faster than offsets are committed.
 MAX_SEEN = 64
-#: Flushed entries kept decoded at most (see ``ExecutionStore._kept``).
-MAX_KEPT = 4096
+#: Flushed entries kept decoded at most (see ``ExecutionStore._kept``). A decoded entry (its
+#: slot and books as models) weighs several KiB: 4,096 of them were 300 B per in-flight
+#: execution at 100,000 in flight, and a smaller cache costs the processor a few percent
+#: (BENCHMARKS.md, step 5).
+MAX_KEPT = 1024
 
 Position = tuple[int, int, int]  # (input topic rank, partition, offset)
 
