@@ -33,11 +33,24 @@ ID_FIELDS = (
 
 
 def record_id(record: Record) -> str:
-    for f in ID_FIELDS:
-        value = getattr(record, f, None)
+    values = record.__dict__
+    for f in _id_fields(type(record)):
+        value = values.get(f)
         if value:
             return str(value)
     raise ValueError(f"{record.avro_name} has no id field")
+
+
+_ID_FIELDS_OF: dict[type[Record], tuple[str, ...]] = {}
+
+
+def _id_fields(model: type[Record]) -> tuple[str, ...]:
+    """The id fields a model has, looked up once per model: ``getattr`` for a field a model
+    lacks goes through pydantic's ``__getattr__`` and an exception, for every output."""
+    names = _ID_FIELDS_OF.get(model)
+    if names is None:
+        names = _ID_FIELDS_OF[model] = tuple(f for f in ID_FIELDS if f in model.model_fields)
+    return names
 
 
 #: How a held record is read back: (topic, the value as published) -> the record.
@@ -84,10 +97,11 @@ class Feed:
         """Hold outputs as published: (record, topic, encoded value)."""
         decode = self.decode
         for record, topic, value in published:
-            execution_id = getattr(record, "execution_id", None)
+            values = record.__dict__
+            execution_id = values.get("execution_id")
             if not execution_id:
                 continue
-            terminal = bool(getattr(record, "terminal", False))
+            terminal = bool(values.get("terminal", False))
             event = FeedEvent(record_id(record), record.avro_name, topic, value, decode, terminal)
             buf = self._events.get(execution_id)
             if buf is None:
