@@ -61,6 +61,24 @@ def _table(app: faust.App, name: str, partitions: int, *, packed: bool = False) 
     )
 
 
+async def seek_in_consumer_thread(consumer: Any, tp: Any, offset: int) -> None:
+    """``Consumer.seek``, with aiokafka's part run on the consumer's own thread.
+
+    Why: Faust's ``Consumer.seek`` calls aiokafka's ``seek`` from the caller's thread, and
+    that drops the partition's prefetched records from the fetcher while the consumer thread
+    may be iterating over them in ``fetched_records``. Under load that raced: the fetcher
+    died of a ``KeyError`` and took the worker with it (two workers, 100,000 executions,
+    BENCHMARKS.md step 5). Queued on the consumer thread, the seek runs between two fetches.
+    """
+    thread = getattr(consumer, "_thread", None)
+    if thread is None or not hasattr(thread, "call_thread"):
+        await consumer.seek(tp, offset)
+        return
+    await thread.call_thread(thread.seek, tp, offset)
+    # what ``Consumer.seek`` does after its ``_seek``: the records come again from ``offset``
+    consumer._read_offset[TP(tp.topic, tp.partition)] = offset if offset else None
+
+
 def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     topics = Topics.from_settings(settings)
     schema = SafeAvroSchema(codec, {t.name: t.value_types for t in topics.inputs()})
@@ -134,7 +152,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         gaps = getattr(app.consumer, "_gap", None)
         if gaps is not None and tp in gaps:
             gaps[tp].clear()  # the skipped offsets are not acknowledged: they come again
-        await app.consumer.seek(tp, offset)
+        await seek_in_consumer_thread(app.consumer, tp, offset)
 
     @app.timer(interval=2.0)
     async def watchdog() -> None:
