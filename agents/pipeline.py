@@ -307,7 +307,12 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         batch_size=settings.batch_size,
         batch_wait=settings.batch_wait.total_seconds(),
     )
-    _install_drain(app, drain)
+    _install_drain(
+        app,
+        drain,
+        settings.fetch_min_bytes,
+        int(settings.fetch_max_wait.total_seconds() * 1000),
+    )
 
     #: input topic partitions this worker paused because they ran ahead (``hold_back``)
     paused: set[Any] = set()
@@ -387,19 +392,45 @@ class _At:
         self.message = message
 
 
-def _install_drain(app: faust.App, drain: BatchDrain) -> None:
-    """Give the worker's consumer the batch drain, whenever Faust creates it."""
+def _install_drain(
+    app: faust.App, drain: BatchDrain, fetch_min_bytes: int, fetch_max_wait_ms: int
+) -> None:
+    """Give the worker's consumer the batch drain and its fetch sizes, whenever Faust creates
+    it."""
     if app._consumer is not None:
         drain.install(app._consumer)
+        tune_fetch(app._consumer, fetch_min_bytes, fetch_max_wait_ms)
         return
     new_consumer = app._new_consumer
 
     def _new_consumer() -> Any:
         consumer = new_consumer()
         drain.install(consumer)
+        tune_fetch(consumer, fetch_min_bytes, fetch_max_wait_ms)
         return consumer
 
     app._new_consumer = _new_consumer  # type: ignore[method-assign]
+
+
+def tune_fetch(consumer: Any, min_bytes: int, max_wait_ms: int) -> None:
+    """Set the fetch sizes of the aiokafka consumer that Faust's consumer thread will create.
+
+    Why: Faust builds it with ``fetch_min_bytes=1`` and ``fetch_max_wait_ms=1500`` and has no
+    setting for either (``VIGIL_FETCH_MIN_BYTES``, ``VIGIL_FETCH_MAX_WAIT``). The thread makes
+    the consumer in ``_create_worker_consumer`` and starts it at once; the values are set in
+    between, where aiokafka reads them to build its fetcher."""
+    thread = getattr(consumer, "_thread", None)
+    create = getattr(thread, "_create_worker_consumer", None)
+    if create is None:
+        return
+
+    def _create_worker_consumer(transport: Any) -> Any:
+        kafka_consumer = create(transport)
+        kafka_consumer._fetch_min_bytes = min_bytes
+        kafka_consumer._fetch_max_wait_ms = max_wait_ms
+        return kafka_consumer
+
+    thread._create_worker_consumer = _create_worker_consumer
 
 
 def _committed_offsets(

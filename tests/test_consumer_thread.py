@@ -1,4 +1,5 @@
-"""The offset guard's seeks run on the consumer's own thread. No Kafka.
+"""Around Faust's consumer thread: the offset guard's seeks run on it, and the aiokafka
+consumer it creates gets vigil's fetch sizes. No Kafka.
 
 Faust's ``Consumer.seek`` calls aiokafka from the caller's thread. That drops prefetched
 records while the consumer thread iterates over them, and under load it killed the fetcher
@@ -14,7 +15,8 @@ from typing import Any
 
 from faust.types import TP
 
-from agents.pipeline import seek_in_consumer_thread
+from agents.pipeline import seek_in_consumer_thread, tune_fetch
+from streams.settings import Settings
 
 
 class ConsumerThread:
@@ -57,3 +59,38 @@ def test_a_consumer_without_a_thread_seeks_as_faust_does() -> None:
     tp = TP("in.execution-status", 0)
     asyncio.run(seek_in_consumer_thread(consumer, tp, 5))
     assert consumer.direct == [(tp, 5)]
+
+
+def test_the_consumer_faust_creates_fetches_with_vigils_sizes(monkeypatch) -> None:
+    import aiokafka
+
+    class Thread:
+        def _create_worker_consumer(self, transport: Any) -> Any:
+            # as Faust does: one byte, 1.5 s, no setting for either
+            return aiokafka.AIOKafkaConsumer(
+                bootstrap_servers="127.0.0.1:1", fetch_min_bytes=1, fetch_max_wait_ms=1500
+            )
+
+    class FaustConsumer:
+        _thread = Thread()
+
+    monkeypatch.setenv("VIGIL_FETCH_MIN_BYTES", "32768")
+    monkeypatch.setenv("VIGIL_FETCH_MAX_WAIT", "8ms")
+    settings = Settings.from_env()
+    assert (settings.fetch_min_bytes, settings.fetch_max_wait.total_seconds()) == (32768, 0.008)
+    consumer = FaustConsumer()
+    tune_fetch(consumer, settings.fetch_min_bytes, 8)
+
+    async def create() -> Any:
+        return consumer._thread._create_worker_consumer(None)
+
+    kafka_consumer = asyncio.run(create())
+    # what aiokafka's start() hands to its Fetcher
+    assert kafka_consumer._fetch_min_bytes == 32768
+    assert kafka_consumer._fetch_max_wait_ms == 8
+
+
+def test_the_defaults_are_fausts_own() -> None:
+    d = Settings()
+    assert d.fetch_min_bytes == 1
+    assert d.fetch_max_wait.total_seconds() == 1.5
