@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import faust
@@ -61,22 +61,55 @@ def _table(app: faust.App, name: str, partitions: int, *, packed: bool = False) 
     )
 
 
-async def seek_in_consumer_thread(consumer: Any, tp: Any, offset: int) -> None:
-    """``Consumer.seek``, with aiokafka's part run on the consumer's own thread.
+async def seek_in_consumer_thread(consumer: Any, tp: Any, offset: int) -> bool:
+    """``Consumer.seek``, with aiokafka's part run on the consumer's own thread, and only if
+    the partition is still assigned there. Returns whether it sought.
 
-    Why: Faust's ``Consumer.seek`` calls aiokafka's ``seek`` from the caller's thread, and
-    that drops the partition's prefetched records from the fetcher while the consumer thread
-    may be iterating over them in ``fetched_records``. Under load that raced: the fetcher
-    died of a ``KeyError`` and took the worker with it (two workers, 100,000 executions,
-    BENCHMARKS.md step 5). Queued on the consumer thread, the seek runs between two fetches.
+    Why the thread: Faust's ``Consumer.seek`` calls aiokafka's ``seek`` from the caller's
+    thread, and that drops the partition's prefetched records from the fetcher while the
+    consumer thread may be iterating over them in ``fetched_records``. Under load that raced:
+    the fetcher died of a ``KeyError`` and took the worker with it (two workers, 100,000
+    executions, BENCHMARKS.md step 5). Queued on the consumer thread, the seek runs between
+    two fetches.
+
+    Why the check: the caller decided to seek before an ``await``; a rebalance may have taken
+    the partition away since, and aiokafka raises ``IllegalStateError`` for a partition it no
+    longer holds. Checked on the consumer thread, where the rebalance runs, the check and the
+    seek cannot be split by one. A partition that moved is its new owner's to read.
     """
     thread = getattr(consumer, "_thread", None)
     if thread is None or not hasattr(thread, "call_thread"):
+        if tp not in consumer.assignment():
+            return False
         await consumer.seek(tp, offset)
-        return
-    await thread.call_thread(thread.seek, tp, offset)
+        return True
+
+    def seek_if_assigned() -> bool:
+        if tp not in thread.assignment():
+            return False
+        thread.seek(tp, offset)
+        return True
+
+    if not await thread.call_thread(seek_if_assigned):
+        return False
     # what ``Consumer.seek`` does after its ``_seek``: the records come again from ``offset``
     consumer._read_offset[TP(tp.topic, tp.partition)] = offset if offset else None
+    return True
+
+
+async def survive_round(
+    what: str, round_: Callable[[], Awaitable[None]], failed: Callable[[], None]
+) -> None:
+    """One round of a periodic task that must outlive its failures: an exception is logged
+    and counted, and the next round runs as usual (a Faust timer that raises crashes the app:
+    mode's ``Service._execute_task`` calls ``crash``)."""
+    try:
+        await round_()
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.warning("%s: a round failed; the next one runs as usual", what, exc_info=True)
+        failed()
 
 
 def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
@@ -147,15 +180,21 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
             await seek(msg.tp, want)
         return False
 
-    async def seek(tp: Any, offset: int) -> None:
+    async def seek(tp: Any, offset: int) -> bool:
         last_seek[(tp.topic, tp.partition)] = time.monotonic()
         gaps = getattr(app.consumer, "_gap", None)
         if gaps is not None and tp in gaps:
             gaps[tp].clear()  # the skipped offsets are not acknowledged: they come again
-        await seek_in_consumer_thread(app.consumer, tp, offset)
+        return await seek_in_consumer_thread(app.consumer, tp, offset)
 
     @app.timer(interval=2.0)
     async def watchdog() -> None:
+        """``look_for_stalls``, never raising: an exception in a Faust timer crashes the app,
+        and a worker must not die of a rebalance or a broker hiccup met on the way. The next
+        round, two seconds later, looks again."""
+        await survive_round("the watchdog", look_for_stalls, metrics.watchdog_failures.inc)
+
+    async def look_for_stalls() -> None:
         """Records that are on the log but never come. The guard only sees a skip when a later
         record arrives; at the end of a stream, or when a rebalance made the worker drop a batch
         it had not acknowledged, nothing later may come. Every 2 s, a partition with nothing
@@ -194,6 +233,8 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
             if not guard.knows(key):
                 guard.start(key, offset)
         for tp in idle:
+            if rebalances[0] != generation:
+                return  # the seeks below would be for partitions that may have moved
             want = guard.expected.get((tp.topic, tp.partition))
             end = ends.get(tp)
             if want is not None and end is not None and end > want:
@@ -204,8 +245,8 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
                     want,
                     end - 1,
                 )
-                guard.seeks += 1
-                await seek(tp, want)
+                if await seek(tp, want):
+                    guard.seeks += 1
 
     @contextlib.contextmanager
     def in_partition(message: Any) -> Iterator[None]:
@@ -284,11 +325,14 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
                 with in_partition(last[p]):
                     processor.flush_clocks(p)
         await clocks.send(app.producer)
-        for done in processor.drain_done():
-            ack_order.finish(done)
-        for ready in ack_order.release():
-            consumer.ack(ready)
-        hold_back(consumer)
+        if rebalances[0] == generation:
+            # (else a rebalance came during the send: its forget() dropped what would be
+            # acknowledged, and pausing now could pause a partition this worker lost)
+            for done in processor.drain_done():
+                ack_order.finish(done)
+            for ready in ack_order.release():
+                consumer.ack(ready)
+            hold_back(consumer)
         if emissions:
             feed.publish(
                 (em.record, em.topic, value) for em, value in zip(emissions, sent, strict=True)
@@ -346,7 +390,10 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         ack_order.reset()
         consumer = getattr(app, "consumer", None)
         if paused and consumer is not None:
-            consumer.resume_partitions(list(paused))  # nothing is held any more
+            # nothing is held any more; aiokafka raises for a partition no longer assigned
+            held = [tp for tp in paused if tp in consumer.assignment()]
+            if held:
+                consumer.resume_partitions(held)
         paused.clear()
 
     @app.task

@@ -133,7 +133,11 @@ class Metrics:
             "unacknowledged record",
             registry=self.registry,
         )
-
+        self.watchdog_failures = Counter(
+            "vigil_watchdog_failures",
+            "Rounds of the stall watchdog that raised (logged; the next round looks again)",
+            registry=self.registry,
+        )
         self.paused = Counter(
             "vigil_partitions_paused",
             "Times an input topic partition was paused because its events waited for the "

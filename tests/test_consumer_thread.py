@@ -13,9 +13,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pytest
+from aiokafka.errors import IllegalStateError
 from faust.types import TP
 
-from agents.pipeline import seek_in_consumer_thread, tune_fetch
+from agents.pipeline import seek_in_consumer_thread, survive_round, tune_fetch
 from streams.settings import Settings
 
 
@@ -25,11 +27,19 @@ class ConsumerThread:
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="consumer")
         self.seeks: list[tuple[TP, int, str]] = []
+        self.assigned: set[TP] = {TP("in.execution-status", p) for p in range(4)}
+        self.asked_on: list[str] = []
 
     async def call_thread(self, fun: Any, *args: Any) -> Any:
         return await asyncio.wrap_future(self._pool.submit(fun, *args))
 
+    def assignment(self) -> set[TP]:
+        self.asked_on.append(threading.current_thread().name)
+        return set(self.assigned)
+
     def seek(self, tp: TP, offset: int) -> None:
+        if tp not in self.assigned:  # as aiokafka does
+            raise IllegalStateError(f"No current assignment for partition {tp}")
         self.seeks.append((tp, offset, threading.current_thread().name))
 
 
@@ -42,22 +52,77 @@ class Consumer:
     async def seek(self, tp: TP, offset: int) -> None:  # Faust's path: the caller's thread
         self.direct.append((tp, offset))
 
+    def assignment(self) -> set[TP]:
+        return {TP("in.execution-status", p) for p in range(4)}
+
 
 def test_the_seek_runs_on_the_consumer_thread_and_sets_the_read_offset() -> None:
     consumer = Consumer()
     tp = TP("in.execution-status", 1)
-    asyncio.run(seek_in_consumer_thread(consumer, tp, 71_800))
+    assert asyncio.run(seek_in_consumer_thread(consumer, tp, 71_800)) is True
     assert consumer.direct == []
     assert [(t, o) for t, o, _ in consumer._thread.seeks] == [(tp, 71_800)]
     assert consumer._thread.seeks[0][2].startswith("consumer")
     assert consumer._read_offset == {tp: 71_800}
+    assert consumer._thread.asked_on and all(
+        name.startswith("consumer") for name in consumer._thread.asked_on
+    )
+
+
+def test_a_partition_a_rebalance_took_away_is_not_sought() -> None:
+    """The seek was decided before an await; meanwhile the partition moved. aiokafka would
+    raise IllegalStateError (and, in the watchdog, a Faust timer's exception crashes the
+    app): the seek is skipped, and the read offset is left alone."""
+    consumer = Consumer()
+    tp = TP("in.execution-status", 3)
+    consumer._thread.assigned.discard(tp)
+    assert asyncio.run(seek_in_consumer_thread(consumer, tp, 40)) is False
+    assert consumer._thread.seeks == [] and consumer._read_offset == {}
+
+
+def test_a_consumer_without_a_thread_skips_a_partition_it_no_longer_holds() -> None:
+    consumer = Consumer()
+    del consumer._thread
+    gone = TP("in.execution-status", 9)
+    assert asyncio.run(seek_in_consumer_thread(consumer, gone, 5)) is False
+    assert consumer.direct == []
+
+
+def test_a_round_that_raises_is_logged_counted_and_survived(caplog) -> None:
+    failures: list[int] = []
+    rounds: list[int] = []
+
+    async def round_() -> None:
+        rounds.append(1)
+        if len(rounds) == 1:
+            raise IllegalStateError("No current assignment for partition")
+
+    async def main() -> None:
+        for _ in range(3):
+            await survive_round("the watchdog", round_, lambda: failures.append(1))
+
+    asyncio.run(main())
+    assert len(rounds) == 3 and failures == [1]
+    assert "the watchdog: a round failed" in caplog.text
+    assert "IllegalStateError" in caplog.text
+
+
+def test_a_cancelled_round_is_not_swallowed() -> None:
+    async def round_() -> None:
+        raise asyncio.CancelledError
+
+    async def main() -> None:
+        await survive_round("the watchdog", round_, lambda: None)
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(main())
 
 
 def test_a_consumer_without_a_thread_seeks_as_faust_does() -> None:
     consumer = Consumer()
     del consumer._thread
     tp = TP("in.execution-status", 0)
-    asyncio.run(seek_in_consumer_thread(consumer, tp, 5))
+    assert asyncio.run(seek_in_consumer_thread(consumer, tp, 5)) is True
     assert consumer.direct == [(tp, 5)]
 
 

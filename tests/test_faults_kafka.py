@@ -356,8 +356,16 @@ def wait_for(
         got = read_now(dep, topics or outputs(dep))
         if done(got):
             return got
-        assert time.monotonic() < deadline, f"timed out with {len(got)} records"
+        assert time.monotonic() < deadline, f"timed out with {len(got)} records\n{worker_logs(dep)}"
         time.sleep(0.3)
+
+
+def worker_logs(dep: Deployment, tail: int = 3000) -> str:
+    """The end of every worker log of this deployment: what a timeout needs to be read."""
+    return "\n".join(
+        f"--- {log.name}:\n{log.read_text(errors='replace')[-tail:]}"
+        for log in sorted(dep.workdir.glob("worker-*.log"))
+    )
 
 
 class MissingOutputs(AssertionError):
