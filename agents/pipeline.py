@@ -25,6 +25,7 @@ from faust.types import TP
 
 from agents.changelog import DirectTable
 from agents.drain import BatchDrain
+from agents.fetch_pace import FetchPace, FetchSizes, apply_sizes, running_fetcher
 from streams import flow
 from streams.admin import admin_client
 from streams.clients import RecordProducer
@@ -396,6 +397,22 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
                 consumer.resume_partitions(held)
         paused.clear()
 
+    pace = FetchPace(
+        FetchSizes(settings.fetch_min_bytes, int(settings.fetch_max_wait.total_seconds() * 1000)),
+        full=settings.batch_size,
+    )
+    paced: list[Any] = [None]  # the fetcher the current sizes were set on
+
+    def pace_fetch(records: int) -> None:
+        """Eager fetches under a backlog, patient ones once caught up (agents/fetch_pace.py)."""
+        change = pace.after_batch(records)
+        fetcher = running_fetcher(app.consumer)
+        if fetcher is not paced[0]:
+            change = pace.sizes  # a new fetcher starts patient (tune_fetch)
+        if change is not None and apply_sizes(fetcher, change):
+            paced[0] = fetcher
+            metrics.fetch_eager.set(1 if pace.eager else 0)
+
     @app.task
     async def pipeline() -> None:
         # Manual acknowledgement: a record held until the watermark passes its time is not
@@ -403,6 +420,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         # Kafka delivers it again. Acknowledged only once processed, its outputs delivered
         # and the state that reflects it written.
         async for generation, batch in drain.batches():
+            pace_fetch(len(batch))
             try:
                 await process(generation, batch)
             except asyncio.CancelledError:

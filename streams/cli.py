@@ -247,6 +247,17 @@ def worker(
         str | None,
         typer.Option(help="Longest wait to fill a batch (env VIGIL_BATCH_WAIT, 20ms)."),
     ] = None,
+    fetch_min_bytes: Annotated[
+        int | None,
+        typer.Option(
+            help="Caught up, a fetch waits for this many bytes (env VIGIL_FETCH_MIN_BYTES, "
+            "16384; 1: always answer at once). Under a backlog fetches ask for one byte."
+        ),
+    ] = None,
+    fetch_max_wait: Annotated[
+        str | None,
+        typer.Option(help="...or for this long (env VIGIL_FETCH_MAX_WAIT, 25ms)."),
+    ] = None,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
 ) -> None:
     """Run a stream-processing worker (Faust). Stop with Ctrl-C or SIGTERM."""
@@ -262,6 +273,8 @@ def worker(
         data_dir=data_dir,
         batch_size=batch_size,
         batch_wait=parse_duration(batch_wait) if batch_wait else None,
+        fetch_min_bytes=fetch_min_bytes,
+        fetch_max_wait=parse_duration(fetch_max_wait) if fetch_max_wait else None,
     )
     run_worker(s, loglevel=loglevel)
 

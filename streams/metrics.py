@@ -144,6 +144,12 @@ class Metrics:
             "watermark in numbers (VIGIL_MAX_HELD)",
             registry=self.registry,
         )
+        self.fetch_eager = Gauge(
+            "vigil_fetch_eager",
+            "1 while batches come full (a backlog) and fetches ask for one byte, 0 while "
+            "fetches wait for VIGIL_FETCH_MIN_BYTES up to VIGIL_FETCH_MAX_WAIT",
+            registry=self.registry,
+        )
         self.held = Gauge(
             "vigil_events_held",
             "Input events waiting for their partition's watermark",

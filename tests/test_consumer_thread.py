@@ -155,7 +155,11 @@ def test_the_consumer_faust_creates_fetches_with_vigils_sizes(monkeypatch) -> No
     assert kafka_consumer._fetch_max_wait_ms == 8
 
 
-def test_the_defaults_are_fausts_own() -> None:
+def test_the_defaults_wait_for_16_kib_or_25_ms(monkeypatch) -> None:
+    monkeypatch.delenv("VIGIL_FETCH_MIN_BYTES", raising=False)
+    monkeypatch.delenv("VIGIL_FETCH_MAX_WAIT", raising=False)
     d = Settings()
-    assert d.fetch_min_bytes == 1
-    assert d.fetch_max_wait.total_seconds() == 1.5
+    assert d.fetch_min_bytes == 16 * 1024
+    assert d.fetch_max_wait.total_seconds() == 0.025
+    from_env = Settings.from_env()
+    assert (from_env.fetch_min_bytes, from_env.fetch_max_wait) == (16 * 1024, d.fetch_max_wait)
