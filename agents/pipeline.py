@@ -404,14 +404,18 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     paced: list[Any] = [None]  # the fetcher the current sizes were set on
 
     def pace_fetch(records: int) -> None:
-        """Eager fetches under a backlog, patient ones once caught up (agents/fetch_pace.py)."""
-        change = pace.after_batch(records)
-        fetcher = running_fetcher(app.consumer)
-        if fetcher is not paced[0]:
-            change = pace.sizes  # a new fetcher starts patient (tune_fetch)
-        if change is not None and apply_sizes(fetcher, change):
-            paced[0] = fetcher
-            metrics.fetch_eager.set(1 if pace.eager else 0)
+        """Eager fetches under a backlog, patient ones once caught up (agents/fetch_pace.py).
+        Never raises: it runs in the pipeline task, whose exception would stop the worker."""
+        try:
+            change = pace.after_batch(records)
+            fetcher = running_fetcher(app.consumer)
+            if fetcher is not paced[0]:
+                change = pace.sizes  # a new fetcher starts patient (tune_fetch)
+            if change is not None and apply_sizes(fetcher, change):
+                paced[0] = fetcher
+                metrics.fetch_eager.set(1 if pace.eager else 0)
+        except Exception:  # the sizes are an optimisation: the worker goes on without them
+            log.warning("could not set the fetch sizes", exc_info=True)
 
     @app.task
     async def pipeline() -> None:
