@@ -28,11 +28,12 @@ from typing import Annotated, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from streams.core.findings import AnomalyFinding
-from streams.core.ids import deterministic_id
 from streams.models.base import construct, replace, to_millis
 from streams.models.enums import AnomalyKind, ExecutionStatus
 from streams.models.events import ExecutionStatusChanged
 from streams.models.outputs import ExecutionState
+
+_sha256 = hashlib.sha256
 
 S = ExecutionStatus
 
@@ -182,6 +183,18 @@ def _open_digest(operation_ids: tuple[str, ...], approval_ids: tuple[str, ...]) 
     return hashlib.sha256(f"[[{ops}],[{approvals}]]".encode()).hexdigest()[:16]
 
 
+def state_id(
+    execution_id: str, last_sequence: int, open_digest: str, last_event_at: datetime
+) -> str:
+    """``deterministic_id("exec", execution_id, last_sequence, open_digest, last_event_at)``,
+    spelled out: one is made for every published state, most inputs publish one, and the
+    generic function's per-part dispatch cost a tenth of applying a status event. The text
+    hashed is the same (a property test holds the two equal)."""
+    millis = int(last_event_at.timestamp() * 1000)
+    text = f"exec\x1f{execution_id}\x1f{last_sequence}\x1f{open_digest}\x1f{millis}"
+    return "exec-" + _sha256(text.encode()).hexdigest()[:24]
+
+
 def _state(slot: InFlight, status: ExecutionStatus) -> ExecutionState:
     # ``last_event_at`` is part of the id so that open ids going A → B → A on the same status
     # sequence give a new id when the return to A comes later (a consumer deduplicating by id
@@ -201,8 +214,7 @@ def _state(slot: InFlight, status: ExecutionStatus) -> ExecutionState:
             "open_operation_ids": slot.open_operation_ids,
             "open_approval_ids": slot.open_approval_ids,
             "terminal": status in TERMINAL,
-            "state_id": deterministic_id(
-                "exec",
+            "state_id": state_id(
                 slot.execution_id,
                 slot.last_sequence,
                 _open_digest(slot.open_operation_ids, slot.open_approval_ids),

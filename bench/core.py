@@ -1,0 +1,215 @@
+"""The pure core alone, without Kafka, and A/B against another commit.
+
+Why a separate instrument: the end-to-end figures drift by ±20 % on this shared machine
+within one session (BENCHMARKS.md, step 6), so a change worth 5 % to the Processor cannot be
+seen there. Here the same seeded workload goes through ``Processor.handle`` in-process, as
+``vigil replay`` runs it (written behind, flushed every ``REPLAY_FLUSH_EVERY`` records), with
+no broker, no registry and no codec: only the core and its state store are timed. With
+``--against REF`` the commit REF is checked out into a temporary directory and the two trees
+run in alternation, each run in a fresh process, so that drift hits both alike; the medians
+and their ratio are printed.
+
+    python -m bench.core --executions 20000 --repeat 3 --against HEAD
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+#: A fixed start, so that every run and every tree builds the very same workload.
+START = datetime(2026, 1, 1, tzinfo=UTC)
+SEED = 8
+
+
+def workload(executions: int) -> list[Any]:
+    """The benchmark's mix (``bench/workload.py``) as Envelopes, in log order, with ticks every
+    second of event time and the final tick rounds, partitioned like every vigil producer.
+    The values are empty: the Processor reads the decoded record, not the bytes."""
+    from bench.sections import BACKFILL_SPACING, BACKFILL_STEP, BACKFILL_TICK_MS, FINAL_TICK_AFTER
+    from bench.workload import from_ms, plan, tick_times
+    from streams.envelope import Envelope
+    from streams.models.events import ClockTick
+    from streams.partitioning import partition_of
+    from streams.settings import Settings
+    from streams.topics import Topics
+
+    settings = Settings.from_env()
+    topics = Topics.from_settings(settings)
+    inputs = [t.name for t in topics.inputs()]
+    n = settings.partitions
+    by_type = {m: t.name for t in topics.inputs() for m in t.value_types}
+    planned = plan(executions, start=START, spacing=BACKFILL_SPACING, step=BACKFILL_STEP, seed=SEED)
+    offsets: Counter[tuple[str, int]] = Counter()
+    out: list[Any] = []
+
+    def add(topic: str, partition: int, key: bytes | None, ts_ms: int, record: Any) -> None:
+        offset = offsets[(topic, partition)]
+        offsets[(topic, partition)] += 1
+        out.append(Envelope(topic, partition, offset, ts_ms, key, b"", record, None))
+
+    def tick_round(t: int) -> None:
+        for topic in inputs:
+            for p in range(n):
+                add(
+                    topic,
+                    p,
+                    None,
+                    t,
+                    ClockTick(ticker_id="bench", partition=p, occurred_at=from_ms(t)),
+                )
+
+    ticks = iter(tick_times(planned[0].at_ms, planned[-1].at_ms, BACKFILL_TICK_MS))
+    next_tick = next(ticks, None)
+    for e in planned:
+        while next_tick is not None and next_tick < e.at_ms:
+            tick_round(next_tick)
+            next_tick = next(ticks, None)
+        key = e.record.execution_id  # type: ignore[attr-defined]
+        add(by_type[type(e.record)], partition_of(key, n), key.encode(), e.at_ms, e.record)
+    while next_tick is not None:
+        tick_round(next_tick)
+        next_tick = next(ticks, None)
+    for after in FINAL_TICK_AFTER:
+        tick_round(planned[-1].at_ms + after)
+    return out
+
+
+def run_once(executions: int) -> dict[str, Any]:
+    """One timed pass of a fresh Processor over the workload (built before the clock starts)."""
+    from streams.app import tune_gc
+    from streams.processor import Processor, Stores
+    from streams.replay import REPLAY_FLUSH_EVERY
+    from streams.settings import Settings
+    from streams.topics import Topics
+
+    envs = workload(executions)
+    settings = Settings.from_env()
+    processor = Processor.from_settings(
+        settings, Topics.from_settings(settings), Stores(), write_behind=True
+    )
+    tune_gc()
+    outputs = 0
+    handle = processor.handle
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    for i, env in enumerate(envs, 1):
+        outputs += len(handle(env))
+        if i % REPLAY_FLUSH_EVERY == 0:
+            processor.flush()
+            processor.flush_clocks()
+    processor.flush()
+    processor.flush_clocks()
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    return {
+        "records": len(envs),
+        "outputs": outputs,
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "us_per_record": seconds / len(envs) * 1e6,
+        "cpu_us_per_record": cpu / len(envs) * 1e6,
+    }
+
+
+def _run_in(tree: Path, executions: int) -> dict[str, Any]:
+    """One run in a fresh process, with ``tree`` first on the import path: this very script
+    drives the ``streams`` and ``bench`` packages of ``tree`` (an older commit may not have
+    the script)."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    script = str(Path(__file__).resolve())
+    proc = subprocess.run(
+        [sys.executable, script, "--executions", str(executions), "--once"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"the run in {tree} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _checkout(ref: str, into: Path) -> str:
+    """``ref``'s tree (committed files only) into ``into``; returns its commit id."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", ref], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return commit
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    us = [r["us_per_record"] for r in runs]
+    cpu = [r["cpu_us_per_record"] for r in runs]
+    return {
+        "runs": runs,
+        "median_us_per_record": statistics.median(us),
+        "min_us_per_record": min(us),
+        "median_cpu_us_per_record": statistics.median(cpu),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.core",
+        description="Time the pure Processor in-process (no Kafka), optionally A/B against a "
+        "commit, runs alternating in fresh processes.",
+    )
+    ap.add_argument("--executions", type=int, default=20_000, help="workload size (20000)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per tree (3)")
+    ap.add_argument("--against", metavar="REF", help="also run this git commit, alternating")
+    ap.add_argument("--out", type=Path, help="write the figures as JSON here")
+    ap.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.once:
+        print(json.dumps(run_once(args.executions)))
+        return 0
+    result: dict[str, Any] = {"executions": args.executions, "repeat": args.repeat}
+    with tempfile.TemporaryDirectory(prefix="vigil-core-ab-") as tmp:
+        trees = {"current": ROOT}
+        if args.against:
+            result["against_commit"] = _checkout(args.against, Path(tmp))
+            trees["against"] = Path(tmp)
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+        for i in range(args.repeat):
+            for name, tree in trees.items() if i % 2 == 0 else reversed(trees.items()):
+                r = _run_in(tree, args.executions)
+                runs[name].append(r)
+                print(
+                    f"{name:>8}: {r['records']:,} records, {r['outputs']:,} outputs, "
+                    f"{r['us_per_record']:.1f} µs/record ({r['cpu_us_per_record']:.1f} CPU)",
+                    flush=True,
+                )
+    for name, rs in runs.items():
+        result[name] = _summary(rs)
+    if args.against:
+        cur, old = result["current"], result["against"]
+        if cur["runs"][0]["outputs"] != old["runs"][0]["outputs"]:
+            print("note: the two trees publish different numbers of outputs")
+        result["speedup"] = old["median_us_per_record"] / cur["median_us_per_record"]
+        print(
+            f"median: current {cur['median_us_per_record']:.1f} µs/record, "
+            f"{result['against_commit']} {old['median_us_per_record']:.1f}: "
+            f"{result['speedup']:.3f} times as fast"
+        )
+    else:
+        print(f"median: {result['current']['median_us_per_record']:.1f} µs/record")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

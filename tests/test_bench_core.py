@@ -1,0 +1,27 @@
+"""The pure-core benchmark (``bench/core.py``) times what ``vigil replay`` runs: the A/B
+comparison is only fair if every run and every tree gets the very same input."""
+
+from __future__ import annotations
+
+from bench import core
+
+
+def _fingerprint(envs: list) -> list[tuple]:
+    return [(e.topic, e.partition, e.offset, e.timestamp_ms, e.key, e.record) for e in envs]
+
+
+def test_the_workload_is_the_same_on_every_build_in_log_order_per_partition() -> None:
+    first, second = core.workload(40), core.workload(40)
+    assert _fingerprint(first) == _fingerprint(second)
+    assert all(e.ok for e in first)
+    positions: dict[tuple[str, int], int] = {}
+    for e in first:  # offsets count up from 0 on each topic partition, as on the log
+        assert e.offset == positions.get((e.topic, e.partition), 0)
+        positions[(e.topic, e.partition)] = e.offset + 1
+
+
+def test_a_run_processes_every_record_and_reports_its_outputs() -> None:
+    result = core.run_once(40)
+    assert result["records"] == len(core.workload(40))
+    assert result["outputs"] > result["records"] // 2
+    assert result["us_per_record"] > 0 and result["cpu_us_per_record"] > 0
