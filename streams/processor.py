@@ -484,7 +484,11 @@ class Processor:
             previous_ids[v.request_id] = v.verdict_id
         for request_id, last_fact in orphans:
             out.append(self._orphan(execution_id, request_id, last_fact))
-        if new_book != book:
+        # ``advance`` moves ``evaluated_until`` almost every time: that differs first, and
+        # spares comparing every request's facts field by field
+        if new_book is not book and (
+            new_book.evaluated_until != book.evaluated_until or new_book != book
+        ):
             self.state.save(execution_id, "approvals", new_book, _dump_json)
         change = ap.next_change(new_book, self.thresholds_for)
         if change is not None:
@@ -633,13 +637,16 @@ class Processor:
 
     # -- outputs --------------------------------------------------------------------------
     def _emit(self, record: Record, headers: tuple[tuple[str, str], ...] = ()) -> Emission:
-        topic = self._out[type(record)]
-        if isinstance(record, ApprovalVerdict):
-            self.counters.verdicts[str(record.verdict)] += 1
-        if isinstance(record, Alert) and not headers:
-            headers = alert_headers(record)
-        self.counters.outputs[record.avro_name] += 1
-        return Emission(topic, record.kafka_key(), record, headers)
+        cls = type(record)
+        topic = self._out[cls]
+        if cls is ApprovalVerdict:
+            self.counters.verdicts[str(record.verdict)] += 1  # type: ignore[attr-defined]
+        elif cls is Alert and not headers:
+            headers = alert_headers(record)  # type: ignore[arg-type]
+        self.counters.outputs[cls.avro_name] += 1
+        key_field = cls.key_field
+        key = None if key_field is None else record.__dict__[key_field]
+        return Emission(topic, key, record, headers)
 
     def _anomaly(self, env: Envelope, record: Record, finding: AnomalyFinding) -> Emission:
         self.counters.anomalies[finding.kind] += 1
