@@ -33,7 +33,7 @@ import subprocess
 import tarfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -530,11 +530,28 @@ def _cluster_id(s: Settings) -> str:
                 return line.split("=", 1)[1].strip()
     id_file = s.data_dir / "cluster.id"
     if id_file.exists():
-        return id_file.read_text().strip()
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        kept = id_file.read_text().strip()
+        if kept and not kept.startswith("-"):
+            return kept
+        # an id an earlier version made with a leading "-": format never took it, so nothing
+        # was written with it; a new one replaces it
+    cluster_id = new_cluster_id()
     id_file.parent.mkdir(parents=True, exist_ok=True)
     id_file.write_text(cluster_id + "\n")
     return cluster_id
+
+
+def new_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().bytes) -> str:
+    """A KRaft cluster id as Kafka's ``Uuid.randomUuid`` makes one: 16 random bytes in URL-safe
+    base64, never starting with "-".
+
+    Why the rule: one id in 64 would start with "-", and a command-line parser reads that as
+    an option: ``kafka-storage format -t -…`` failed with "expected one argument" (it did once
+    in CI). Kafka draws again in that case; so does this."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(random_bytes()).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _tag(s: Settings, service: str) -> str:
@@ -669,8 +686,7 @@ def _format_storage(s: Settings, java: str) -> None:
         str(s.kafka_home / "libs" / "*"),
         "kafka.tools.StorageTool",
         "format",
-        "-t",
-        _cluster_id(s),
+        f"--cluster-id={_cluster_id(s)}",  # attached: an id is never read as an option
         "-c",
         str(server),
         "--ignore-formatted",

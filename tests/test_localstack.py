@@ -95,6 +95,31 @@ def test_server_properties_are_single_node_and_strict(tmp_path: Path) -> None:
             assert value == "1", key
 
 
+def test_cluster_ids_never_start_with_a_dash() -> None:
+    """One random id in 64 starts with "-", which ``kafka-storage format`` took for an option
+    (CI failed on it once): drawn again, as Kafka's ``Uuid.randomUuid`` does."""
+    dashed = bytes([0xF8]) + bytes(15)
+    assert localstack.base64.urlsafe_b64encode(dashed).decode().startswith("-")  # it happens
+    draws = iter([dashed, bytes([0xFB]) * 16, bytes(range(16))])
+    cluster_id = localstack.new_cluster_id(lambda: next(draws))
+    assert not cluster_id.startswith("-")
+    assert localstack.base64.urlsafe_b64decode(cluster_id + "==") == bytes(range(16))
+    assert all(not localstack.new_cluster_id().startswith("-") for _ in range(2000))
+
+
+def test_a_stored_cluster_id_with_a_dash_is_replaced(tmp_path: Path) -> None:
+    """An id an earlier version stored with a leading "-" never formatted anything: replaced,
+    and the replacement kept for the next start."""
+    s = _settings(tmp_path)
+    (s.data_dir).mkdir(parents=True, exist_ok=True)
+    (s.data_dir / "cluster.id").write_text("-Abc123xyzAbc123xyzAbA\n")
+    fresh = localstack._cluster_id(s)
+    assert not fresh.startswith("-")
+    assert localstack._cluster_id(s) == fresh
+    (s.data_dir / "cluster.id").write_text("okAbc123xyzAbc123xyzAb\n")
+    assert localstack._cluster_id(s) == "okAbc123xyzAbc123xyzAb"
+
+
 def test_pid_file_of_a_foreign_process_is_not_ours(tmp_path: Path) -> None:
     """A pid reused by another process (here: this test's own) must not count as running."""
     s = _settings(tmp_path)
