@@ -468,7 +468,8 @@ class Processor:
         book = self._load_approvals(execution_id)
         if book is None:
             return None
-        new_book, verdicts = ap.advance(book, horizon, self.thresholds_for)
+        joined = ap.JoinedFacts(self.thresholds_for)  # computed once for both calls
+        new_book, verdicts = ap.advance(book, horizon, self.thresholds_for, joined)
         new_book, orphans = ap.take_orphans(new_book, horizon - self.orphan_after)
         new_book = ap.purge_closed(new_book, horizon - self.closed_retention)
         # The id of the verdict record each request leaves, made only for requests that
@@ -490,7 +491,7 @@ class Processor:
             new_book.evaluated_until != book.evaluated_until or new_book != book
         ):
             self.state.save(execution_id, "approvals", new_book, _dump_json)
-        change = ap.next_change(new_book, self.thresholds_for)
+        change = ap.next_change(new_book, self.thresholds_for, joined)
         if change is not None:
             self._schedule(execution_id, change)
         orphaned = ap.orphan_deadline(new_book, self.orphan_after)

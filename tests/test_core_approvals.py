@@ -26,6 +26,7 @@ from streams.core.approvals import (
     DecisionFact,
     DeliveryFact,
     DigestFact,
+    JoinedFacts,
     LastVerdict,
     RequestPart,
     ThresholdOverrides,
@@ -39,6 +40,7 @@ from streams.core.approvals import (
     open_request_ids,
     purge_closed,
     resolve_thresholds,
+    take_orphans,
     threshold_resolver,
     to_verdict,
 )
@@ -1049,6 +1051,28 @@ def test_live_arrival_in_time_order_equals_one_step(events: list[Any]) -> None:
     book, step = advance(book, end, RESOLVE)
     out += step
     assert tuple(out) == _run_one_step(events, end)
+
+
+@settings(max_examples=200, deadline=None)
+@given(event_lists(), st.lists(st.integers(-5, 80), min_size=1, max_size=6))
+def test_shared_joined_facts_change_no_answer(events: list[Any], cuts: list[int]) -> None:
+    """The shell's step, ``advance`` then orphans, purge and ``next_change`` on what comes out,
+    with one ``JoinedFacts`` shared by both calls, gives exactly what it gives without: a
+    remembered change point is only reused for the very same fact objects."""
+    plain = shared = ApprovalBook()
+    pending = sorted(events, key=lambda e: e.occurred_at)
+    for cut in sorted(cuts):
+        while pending and pending[0].occurred_at <= mm(cut):
+            e = pending.pop(0)
+            plain, shared = add_fact(plain, e), add_fact(shared, e)
+        joined = JoinedFacts(RESOLVE)
+        plain, plain_out = advance(plain, mm(cut), RESOLVE)
+        shared, shared_out = advance(shared, mm(cut), RESOLVE, joined)
+        assert shared_out == plain_out
+        plain = purge_closed(take_orphans(plain, mm(cut - 30))[0], mm(cut - 40))
+        shared = purge_closed(take_orphans(shared, mm(cut - 30))[0], mm(cut - 40))
+        assert shared == plain
+        assert next_change(shared, RESOLVE, joined) == next_change(plain, RESOLVE)
 
 
 @settings(max_examples=200, deadline=None)
