@@ -335,7 +335,7 @@ class Processor:
             return AnomalyFinding(
                 AnomalyKind.TIME_OUT_OF_RANGE, f"event time {t.isoformat()} is before 1971"
             )
-        clock = self._clock(env.partition)
+        clock = self.clocks.get(env.partition) or self._clock(env.partition)
         if clock is None:
             return None  # held, and judged when the partition's watermark comes
         # Against the newest time of the record's own topic partition (its ticks included):
@@ -546,7 +546,11 @@ class Processor:
     def _observe(self, env: Envelope, t: datetime, out: list[Emission]) -> None:
         if env.topic not in self.input_names:
             return
-        clock = self._clock(env.partition) or PartitionClock.start(self.input_names)
+        clock = (
+            self.clocks.get(env.partition)
+            or self._clock(env.partition)
+            or PartitionClock.start(self.input_names)
+        )
         moved = clock.observe(env.topic, t)
         if moved is clock:
             return  # not newer than its topic's maximum: nothing moves
@@ -563,7 +567,7 @@ class Processor:
     def _watermark(self, partition: int) -> datetime | None:
         """The watermark of the partition's clock (None: no clock, or not every input seen),
         computed once per clock: it is asked several times per record."""
-        clock = self._clock(partition)
+        clock = self.clocks.get(partition) or self._clock(partition)
         if clock is None:
             return None
         cached = self._marks.get(partition)
