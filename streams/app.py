@@ -93,11 +93,24 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 20)
 
 
+def quiet_timer_drift(loglevel: str) -> None:
+    """Below debug level, mode's "Timer ... woke up too late" lines are not logged.
+
+    Why: the worker processes a batch in one go, so under a backlog each batch holds the event
+    loop for up to a second or two, every Faust timer wakes late, and mode logs each at INFO:
+    one line a second or more, for as long as the backlog lasts, saying nothing an operator
+    can act on (lag and batch metrics say it better). ``--loglevel debug`` keeps them."""
+    level = logging.getLevelName(loglevel.upper())
+    if not isinstance(level, int) or level > logging.DEBUG:
+        logging.getLogger("mode.timers").setLevel(logging.WARNING)
+
+
 def run_worker(settings: Settings, loglevel: str = "info") -> None:
     """Run one worker in the foreground until SIGINT/SIGTERM (Faust handles both)."""
     from faust.worker import Worker
 
     app = create_app(settings)
     tune_gc()
+    quiet_timer_drift(loglevel)
     log.info("vigil worker starting with %s", settings.public())
     Worker(app, loglevel=loglevel).execute_from_commandline()

@@ -258,7 +258,13 @@ def worker(
         str | None,
         typer.Option(help="...or for this long (env VIGIL_FETCH_MAX_WAIT, 25ms)."),
     ] = None,
-    loglevel: Annotated[str, typer.Option(help="Log level.")] = "info",
+    loglevel: Annotated[
+        str,
+        typer.Option(
+            help="Log level (debug also shows mode's timer-drift lines: under a backlog, one"
+            " a second or more)."
+        ),
+    ] = "info",
 ) -> None:
     """Run a stream-processing worker (Faust). Stop with Ctrl-C or SIGTERM."""
     from streams.app import run_worker
