@@ -13,10 +13,13 @@ from streams.offsets import AckOrder, Check, OffsetGuard
 from streams.state import MAX_SEEN, Entry, ExecutionStore
 
 # Fields hold JSON text: never the separator, and never starting with a control character
-# (a packed entry's version byte is one, which is how old uncompressed text is told apart).
+# (a packed entry's version byte is one, which is how old uncompressed text is told apart),
+# nor with a quote: a field is a model's JSON object, and text starting with a quote is how
+# an earlier version's JSON-string-wrapped entry is told apart (``Entry.decode``). Hypothesis
+# once drew an in-flight field of just '"' in CI.
 json_text = st.none() | st.text(
     alphabet=st.characters(blacklist_characters="\x1e", blacklist_categories=("Cs",)), min_size=1
-).filter(lambda t: t[0] >= " ")
+).filter(lambda t: t[0] >= " " and t[0] != '"')
 positions = st.lists(
     st.tuples(st.integers(0, 3), st.integers(0, 99), st.integers(0, 10**12)), max_size=8
 )
