@@ -255,10 +255,13 @@ class WorkerProc:
 
 @contextmanager
 def workers(
-    dep: Deployment, count: int = 1, ready_timeout: float = 120.0
+    dep: Deployment,
+    count: int = 1,
+    ready_timeout: float = 120.0,
+    env: dict[str, str] | None = None,
 ) -> Iterator[list[WorkerProc]]:
     """``vigil worker`` subprocesses (each its own web port and data dir), stopped with
-    SIGTERM (SIGKILL after 30 s) on the way out."""
+    SIGTERM (SIGKILL after 30 s) on the way out. ``env``: added to the deployment's."""
     procs: list[tuple[subprocess.Popen[bytes], Path]] = []
     try:
         for i in range(count):
@@ -278,7 +281,7 @@ def workers(
             with log_path.open("wb") as log:
                 proc = subprocess.Popen(
                     cmd,
-                    env=dep.env(),
+                    env=dep.env(**(env or {})),
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     cwd=dep.workdir,

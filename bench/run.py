@@ -9,7 +9,9 @@ Sections (``--sections``, comma-separated, default all): throughput (one worker)
 same input topics), replay (the pure Processor in-process, then ``vigil replay`` with one
 process per core, end to end), latency (fixed offered load, live
 ticker, deadline lags), memory (RSS per in-flight execution, memory:// and rocksdb://),
-profile (py-spy on a worker under load, pyinstrument around Processor.handle).
+profile (py-spy on a worker under load, pyinstrument around Processor.handle), floor (one
+worker whose core is replaced by a lookup of the pure Processor's outputs: the shell alone;
+not in the default set).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from bench import harness as h
 from bench import sections as sec
 from streams.settings import Settings
 
-ALL = ("throughput", "throughput2", "ceiling", "replay", "latency", "memory", "profile")
+ALL = ("throughput", "throughput2", "ceiling", "replay", "latency", "memory", "profile", "floor")
 TARGETS = {
     "one_worker_events_per_s": 20_000,
     "ratio_to_aiokafka_ceiling": 0.5,
@@ -83,7 +85,17 @@ def main(argv: list[str] | None = None) -> int:
         default=5000,
         help="executions of the workload for the profiled worker run",
     )
-    ap.add_argument("--sections", default=",".join(ALL), help=f"any of {', '.join(ALL)}")
+    ap.add_argument(
+        "--floor-executions",
+        type=int,
+        default=20_000,
+        help="executions of the workload for the floor section (its outputs are held in memory)",
+    )
+    ap.add_argument(
+        "--sections",
+        default=",".join(s for s in ALL if s != "floor"),
+        help=f"any of {', '.join(ALL)} (floor only when named)",
+    )
     ap.add_argument("--out", type=Path, default=Path("bench/results.json"))
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/vigil-bench"))
     ap.add_argument("--keep-topics", action="store_true", help="do not delete the bench topics")
@@ -193,6 +205,28 @@ def main(argv: list[str] | None = None) -> int:
                 "py_spy": sec.collapsed_top(prof),
                 "collapsed_stacks": str(prof),
             }
+        if "floor" in wanted:
+            n = args.floor_executions
+            log(f"[bold]floor[/bold]: one worker, its core replaced by a lookup ({n:,} executions)")
+            # the real worker on the same workload in the same run, between the two floor runs,
+            # so that the machine's drift shows in the figures rather than in their ratio
+            runs = (
+                ("floor", True, None),
+                ("floor_real_worker", False, None),
+                ("floor_profiled", True, out_dir / "profile-floor.txt"),
+            )
+            for name, floor, prof in runs:
+                if not floor:
+                    log("  the real worker, same workload:")
+                r, dep4, _ = sec.throughput(
+                    base, args.workdir, n, 1, log, profile=prof, floor=floor
+                )
+                if not args.keep_topics:
+                    h.delete_deployment(dep4)
+                r["cpu_us_per_record"] = sum(r["worker_cpu_s"]) / r["records"] * 1e6
+                s[name] = {"run": r}
+                if prof is not None:
+                    s[name].update(py_spy=sec.collapsed_top(prof), collapsed_stacks=str(prof))
     finally:
         results["elapsed_s"] = time.time() - t_all
         if args.merge and args.out.exists():
@@ -266,6 +300,10 @@ def summary(results: dict[str, Any], tick: str) -> dict[str, Any]:
     if r and t1:
         out["replay_inprocess_events_per_s"] = r["events_per_s"]
         out["replay_inprocess_over_live"] = r["records_per_s"] / t1["records_per_s"]
+    for key in ("floor", "floor_profiled", "floor_real_worker"):
+        if key in s:
+            out[f"{key}_events_per_s"] = s[key]["run"]["events_per_s"]
+            out[f"{key}_cpu_us_per_record"] = s[key]["run"]["cpu_us_per_record"]
     r = s.get("replay_cli")
     if r and t1:
         out["replay_events_per_s"] = r["events_per_s"]
@@ -299,6 +337,16 @@ def show(results: dict[str, Any]) -> None:
 
     row("one worker, events/s", sm.get("one_worker_events_per_s"), 20_000, "{:,.0f}")
     row("one worker, records/s (incl. ticks)", sm.get("one_worker_records_per_s"), None, "{:,.0f}")
+    row("floor: the shell, core free, events/s", sm.get("floor_events_per_s"), 20_000, "{:,.0f}")
+    row("floor, profiled, events/s", sm.get("floor_profiled_events_per_s"), 20_000, "{:,.0f}")
+    row(
+        "floor run's real worker, events/s",
+        sm.get("floor_real_worker_events_per_s"),
+        None,
+        "{:,.0f}",
+    )
+    for key in ("floor", "floor_profiled", "floor_real_worker"):
+        row(f"{key}, worker CPU µs per record", sm.get(f"{key}_cpu_us_per_record"), None, "{:,.1f}")
     for k, v in sm.items():
         if k.startswith("throughput_") and k.endswith("_events_per_s"):
             row(f"{k.split('_')[1]} workers, events/s", v, None, "{:,.0f}")

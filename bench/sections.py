@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 from collections import Counter
@@ -117,6 +118,19 @@ def expected_outputs(
     return dict(counts), time.perf_counter() - t0
 
 
+def outputs_by_input(
+    processor: Processor, envs: list[Envelope]
+) -> dict[tuple[str, int, int], list[Any]]:
+    """What the pure Processor publishes after each input, by (topic, partition, offset): the
+    floor section's worker publishes exactly these instead of computing them."""
+    out: dict[tuple[str, int, int], list[Any]] = {}
+    for env in envs:
+        ems = processor.handle(env)
+        if ems:
+            out[(env.topic, env.partition, env.offset)] = ems
+    return out
+
+
 def _processor(settings: Settings, dep: h.Deployment, *, write_behind: bool = False) -> Processor:
     pol = settings.policies()
     return Processor(
@@ -146,9 +160,28 @@ def throughput(
     workers: int,
     log: Log,
     profile: Path | None = None,
+    floor: bool = False,
 ) -> tuple[dict[str, Any], h.Deployment, Backfill]:
-    dep = h.deployment(base, workdir, f"tput{workers}")
+    """``floor``: the worker's core replaced by the pure Processor's outputs, looked up
+    (``bench/floor_site``): the shell's own ceiling, same records, same outputs."""
+    dep = h.deployment(base, workdir, f"floor{workers}" if floor else f"tput{workers}")
     bf = Backfill(dep, executions, log)
+    extra_env: dict[str, str] = {}
+    if floor:
+        import pickle
+
+        table = dep.workdir / "floor-outputs.pickle"
+        t0 = time.perf_counter()
+        with table.open("wb") as f:
+            table_of = outputs_by_input(
+                _processor(dep.settings, dep), envelopes(dep, bf.planned, bf.wires)
+            )
+            pickle.dump(table_of, f, protocol=5)
+        log(f"  floor: outputs by input written in {time.perf_counter() - t0:.1f}s")
+        extra_env = {
+            "VIGIL_BENCH_FLOOR": str(table),
+            "PYTHONPATH": f"{h.ROOT / 'bench' / 'floor_site'}{os.pathsep}{h.ROOT}",
+        }
     off = h.Offsets(base, dep.outputs)
     det = _deterministic(dep, bf.expected)
     result: dict[str, Any] = {
@@ -168,7 +201,7 @@ def throughput(
             "log line to the LogAppendTime of its last output record"
         )
         log(f"  pre-produced {bf.records:,} records in {result['produce_s']:.1f}s")
-        ctx = h.workers(dep, 1)
+        ctx = h.workers(dep, 1, env=extra_env)
         procs = ctx.__enter__()
         start = procs[0].ready_at
     else:
@@ -178,7 +211,7 @@ def throughput(
             "fast as it goes); time from the first produce call to the LogAppendTime of the "
             "last output record"
         )
-        ctx = h.workers(dep, workers)
+        ctx = h.workers(dep, workers, env=extra_env)
         procs = ctx.__enter__()
         h.wait_group_stable(dep, workers)
         start = time.time()
