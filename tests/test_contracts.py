@@ -111,19 +111,19 @@ times = st.datetimes(
 text = st.text(min_size=1, max_size=12)
 
 
-def _strategy(ann: Any) -> st.SearchStrategy[Any]:
+def _strategy(ann: Any, text: st.SearchStrategy[str] = text) -> st.SearchStrategy[Any]:
     if get_origin(ann) is Annotated:
         ann = get_args(ann)[0]
     origin = get_origin(ann)
     if origin in (Union, UnionType):
         (arg,) = [a for a in get_args(ann) if a is not NoneType]
-        return st.none() | _strategy(arg)
+        return st.none() | _strategy(arg, text)
     if origin is tuple:
-        return st.lists(_strategy(get_args(ann)[0]), max_size=3).map(tuple)
+        return st.lists(_strategy(get_args(ann)[0], text), max_size=3).map(tuple)
     if isinstance(ann, type) and issubclass(ann, Enum):
         return st.sampled_from(list(ann))
     if isinstance(ann, type) and issubclass(ann, Record):
-        return _model_strategy(ann)
+        return model_strategy(ann, text)
     if ann is AwareDatetime or ann is datetime:
         return times
     return {
@@ -134,8 +134,12 @@ def _strategy(ann: Any) -> st.SearchStrategy[Any]:
     }[ann]
 
 
-def _model_strategy(model: type[Record]) -> st.SearchStrategy[Record]:
-    return st.builds(model, **{n: _strategy(f.annotation) for n, f in model.model_fields.items()})
+def model_strategy(
+    model: type[Record], text: st.SearchStrategy[str] = text
+) -> st.SearchStrategy[Record]:
+    """Valid instances of a contract model (``text``: what its strings are drawn from)."""
+    fields = model.model_fields.items()
+    return st.builds(model, **{n: _strategy(f.annotation, text) for n, f in fields})
 
 
 @pytest.mark.parametrize("model", ALL_MODELS, ids=lambda m: m.avro_name)
@@ -143,7 +147,7 @@ def test_round_trip_through_fastavro(model: type[Record]) -> None:
     parsed = fastavro.parse_schema(json.loads(model.avro_schema_str()))
 
     @settings(max_examples=40, deadline=None)
-    @given(_model_strategy(model))
+    @given(model_strategy(model))
     def roundtrip(instance: Record) -> None:
         buf = io.BytesIO()
         fastavro.schemaless_writer(buf, parsed, instance.to_avro())
