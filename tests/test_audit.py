@@ -153,8 +153,12 @@ def test_null_and_absent_fields_are_not_known() -> None:
     evaluation = results[0].evaluation
     # no approver and no resume handle are failures; digest and risk unknown are judged safely
     assert evaluation.verdict.value == "ORPHANED_WAIT"
-    reasons = {p.reason for p in evaluation.failed_proofs}
+    reasons = {r for p in evaluation.failed_proofs for r in p.reason.split(",")}
     assert {"NO_RESUME_HANDLE", "NO_APPROVER", "ACTION_DIGEST_UNKNOWN", "ACK_PENDING"} <= reasons
+    # one status per proof: no approver fails the route, however pending its delivery is
+    states = {p.proof.value: p.state.value for p in evaluation.failed_proofs}
+    assert len(states) == len(evaluation.failed_proofs)
+    assert states["VERIFIED_ROUTE"] == "FAILED" and states["LIVE_RESUME"] == "FAILED"
 
 
 def test_unreadable_file_and_bad_options() -> None:

@@ -142,7 +142,11 @@ def verdict(f: ApprovalFacts, at: datetime = AT, th: ThresholdSet = TH) -> Appro
 
 
 def reasons(f: ApprovalFacts, at: datetime = AT, th: ThresholdSet = TH) -> set[tuple[str, str]]:
-    return {(p.proof.value, p.reason) for p in evaluate(f, at, th).failed_proofs}
+    """(proof, reason code) of every check that does not hold (a proof's reasons are
+    comma-separated in its one finding)."""
+    return {
+        (p.proof.value, r) for p in evaluate(f, at, th).failed_proofs for r in p.reason.split(",")
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1083,3 +1087,87 @@ def test_book_is_independent_of_arrival_order(events: list[Any], rnd: random.Ran
     a, b = book_of(*events), book_of(*shuffled)
     assert a == b
     assert advance(a, mm(80), RESOLVE) == advance(b, mm(80), RESOLVE)
+
+
+# ---------------------------------------------------------------------------------------------
+# One status per proof in every verdict
+# ---------------------------------------------------------------------------------------------
+
+
+def _split(reason: str) -> list[str]:
+    return reason.split(",")
+
+
+def test_no_approver_and_delivery_pending_is_one_failed_route_proof() -> None:
+    """A request with no approver whose delivery is still pending: the route proof is FAILED
+    (no approver) once, its reason also naming the pending delivery."""
+    f = facts(approver_ref=None, deliveries=[], risk=Risk.HIGH)
+    e = evaluate(f, mm(2), TH)
+    route = [p for p in e.failed_proofs if p.proof is Proof.VERIFIED_ROUTE]
+    assert len(route) == 1
+    assert route[0].state is ProofState.FAILED
+    assert _split(route[0].reason) == ["NO_APPROVER", "DELIVERY_PENDING", "ACK_PENDING"]
+    assert e.verdict is V.UNROUTABLE_WAIT
+
+
+def test_a_proof_with_two_failures_lists_both_reasons_once() -> None:
+    f = facts(expires_at=mm(15), digests=[(10, "B")])
+    (current,) = [p for p in evaluate(f, AT, TH).failed_proofs if p.proof is Proof.CURRENT_ACTION]
+    assert current.state is ProofState.FAILED
+    assert _split(current.reason) == ["REQUEST_EXPIRED", "ACTION_DIGEST_CHANGED"]
+
+
+def test_unknown_reasons_only_leave_the_proof_unknown() -> None:
+    """Two pending checks of one proof: UNKNOWN, both named."""
+    f = facts(deliveries=[], risk=Risk.HIGH)
+    (route,) = [p for p in evaluate(f, mm(2), TH).failed_proofs if p.proof is Proof.VERIFIED_ROUTE]
+    assert (route.proof, route.state) == (Proof.VERIFIED_ROUTE, ProofState.UNKNOWN)
+    assert _split(route.reason) == ["DELIVERY_PENDING", "ACK_PENDING"]
+
+
+@st.composite
+def books_with_any_route(draw: st.DrawFn) -> list[Any]:
+    """``event_lists`` with requests that may lack an approver or an action digest too."""
+    events = draw(event_lists())
+    return [
+        e.model_copy(
+            update={
+                "approver_ref": draw(st.sampled_from([None, "", "role:release-owner"])),
+                "action_digest": draw(st.sampled_from([None, "A", "A"])),
+            }
+        )
+        if isinstance(e, ApprovalRequested)
+        else e
+        for e in events
+    ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(books_with_any_route(), st.lists(st.integers(-5, 80), max_size=6))
+def test_every_proof_occurs_at_most_once_in_every_verdict(
+    events: list[Any], cuts: list[int]
+) -> None:
+    """In every published verdict each proof appears once, with one status: FAILED when any
+    of its checks fails, else UNKNOWN."""
+    book = book_of(*events)
+    out: list[Any] = []
+    for cut in [*sorted(cuts), 80]:
+        book, step = advance(book, mm(cut), RESOLVE)
+        out += step
+    assert out
+    for v in out:
+        proofs = [p.proof for p in v.failed_proofs]
+        assert len(proofs) == len(set(proofs)), v.failed_proofs
+        for p in v.failed_proofs:
+            reasons = _split(p.reason)
+            assert reasons and len(reasons) == len(set(reasons)) and all(reasons)
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_facts(), at_minute, thresholds)
+def test_every_proof_occurs_at_most_once_in_every_evaluation(
+    f: ApprovalFacts, at: datetime, th: ThresholdSet
+) -> None:
+    e = evaluate(f, at, th)
+    proofs = [p.proof for p in e.failed_proofs]
+    assert len(proofs) == len(set(proofs)), e.failed_proofs

@@ -21,8 +21,13 @@ set of instants where a verdict can change — ``change_points`` — exact):
 Decisions: the first decision (by time; on a tie decline before cancel before accept, the more
 cautious first) is the one that counts. A later decision with a *different* code does not
 change the verdict — an approver cannot take back an answer the run may already have acted on
-— but it is listed as ``CONSUMED_DECISION / UNKNOWN / CONTRADICTING_DECISION`` so a human sees
-the dispute. A repeated identical decision is a duplicate and ignored.
+— but ``CONTRADICTING_DECISION`` is listed among the reasons of ``CONSUMED_DECISION`` (UNKNOWN
+unless the proof fails for another reason) so a human sees the dispute. A repeated identical
+decision is a duplicate and ignored.
+
+Evidence: each proof that does not hold appears once per verdict, FAILED if any of its checks
+fails, else UNKNOWN, its ``reason`` every such check's code, comma-separated, the failed ones
+first (see ``_one_per_proof``).
 
 Nothing here imports Kafka, Faust or asyncio, or reads a clock.
 """
@@ -608,6 +613,31 @@ def _has(findings: Iterable[ProofFinding], proof: Proof, state: ProofState) -> b
     return any(f.proof is proof and f.state is state for f in findings)
 
 
+#: Separates the reason codes of one proof that fails (or is pending) for several reasons.
+REASON_SEPARATOR = ","
+
+
+def _one_per_proof(findings: Iterable[ProofFinding]) -> tuple[ProofFinding, ...]:
+    """One finding per proof, in proof order: a proof has one status per verdict.
+
+    FAILED if any of its checks fails, else UNKNOWN; the reason lists every check that does
+    not hold, once each, the failed ones first (the first is the decisive one), each group in
+    the order the evaluator checks them. Several findings per proof would publish one proof
+    as refuted and pending at once (no approver, and its delivery still pending)."""
+    by_proof: dict[Proof, tuple[list[str], list[str]]] = {}
+    for f in findings:
+        failed, unknown = by_proof.setdefault(f.proof, ([], []))
+        reasons = failed if f.state is ProofState.FAILED else unknown
+        if f.reason not in reasons:
+            reasons.append(f.reason)
+    out = []
+    for proof in sorted(by_proof, key=_PROOF_ORDER.__getitem__):
+        failed, unknown = by_proof[proof]
+        state = ProofState.FAILED if failed else ProofState.UNKNOWN
+        out.append(_finding(proof, state, REASON_SEPARATOR.join(failed + unknown)))
+    return tuple(out)
+
+
 def evaluate(facts: ApprovalFacts, at: datetime, thresholds: ThresholdSet) -> Evaluation:
     """The verdict at ``at``, by domain.md's precedence, counting only facts up to ``at``.
 
@@ -685,7 +715,7 @@ def evaluate(facts: ApprovalFacts, at: datetime, thresholds: ThresholdSet) -> Ev
             verdict = V.WAITING
 
     owner, next_step = VERDICT_GUIDANCE[verdict]
-    ordered = sorted(set(findings), key=lambda f: (_PROOF_ORDER[f.proof], f.reason))
+    ordered = _one_per_proof(findings)
     # Built without re-validation: ``record`` has refused a naive ``at`` already, and the
     # time is put in UTC milliseconds as the validator would.
     record = thresholds.record(at)
