@@ -8,86 +8,193 @@ record reached the broker. The worker's delivery protocol (outputs, then state, 
 needs that promise, and the per-record path costs more than the rest of the write.
 
 ``DirectTable`` keeps Faust's table for everything else (its store, memory or RocksDB, the
-changelog topic it declares, recovery, standbys) and changes only the write: the value goes
-into the table's store, and the changelog record, serialized exactly as Faust would (the
-table's own key and value serializers, the partition of the record being processed), is kept
-until ``send`` hands the batch to the producer and waits for the broker. The offsets it gets
-back are recorded as Faust's ``_on_changelog_sent`` does, so a RocksDB store knows where its
-data ends.
+changelog topic it declares, recovery, standbys) and changes only the write: the changelog
+record, serialized exactly as Faust would (the table's own key and value serializers, the
+partition of the record being processed), is kept until ``send`` hands the batch to the
+producer and waits for the broker. The offsets it gets back are recorded as Faust's
+``_on_changelog_sent`` does, so a RocksDB store knows where its data ends.
+
+Why the store waits for the broker too: the store is what the worker reads back, and an
+execution entry read back says which inputs it has applied. Were the store written at once and
+the send to fail, the batch's inputs would come again, be judged applied from the store, be
+acknowledged, and their effect would never reach the changelog (a restart, which recovers the
+table from it, loses it). So a batch's writes wait in an overlay (key -> value, or a deletion)
+that reads consult first; ``send`` moves them into the store only once the broker has
+acknowledged every record of the batch. A send that fails, even in part, and ``discard`` drop
+the overlay with the records: the store is then behind what the changelog may already hold,
+never ahead of it, and the inputs read again are applied again (with the same result).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import weakref
 from collections.abc import Iterator, MutableMapping
+from types import SimpleNamespace
 from typing import Any
 
-from faust.streams import current_event
+from faust.streams import _current_event, current_event
 from faust.types import TP
+
+#: The overlay's value for a key the batch deleted.
+_DELETED: Any = object()
+
+
+class _At:
+    """What a store asks of "the event being processed": the partition a write belongs to (a
+    RocksDB store keeps one database per partition)."""
+
+    __slots__ = ("__weakref__", "message")
+
+    def __init__(self, partition: int) -> None:
+        self.message = SimpleNamespace(partition=partition)
 
 
 class DirectTable(MutableMapping[str, Any]):
-    """A Faust table, read as usual, written with changelog records sent per batch."""
+    """A Faust table, read as usual, written with changelog records sent per batch; its
+    store takes a batch's writes only once the broker has all of the batch's records."""
 
     def __init__(self, table: Any) -> None:
         self.table = table
         self._pending: list[tuple[int, bytes | None, bytes | None]] = []
+        #: the writes whose records are pending or being sent: key -> (partition, value or
+        #: ``_DELETED``). Replaced, never cleared in place: a send holds on to its own.
+        self._overlay: dict[str, tuple[int, Any]] = {}
 
-    # -- reads: the table's own ----------------------------------------------------------------
+    # -- reads: the batch's writes, then the table's own ---------------------------------------
+    # Between batches the overlay is empty, and a read costs one test more than the table's.
     def __getitem__(self, key: str) -> Any:
+        overlay = self._overlay
+        if overlay:
+            hit = overlay.get(key)
+            if hit is not None:
+                if hit[1] is _DELETED:
+                    raise KeyError(key)
+                return hit[1]
         return self.table[key]
 
     def get(self, key: str, default: Any = None) -> Any:
+        overlay = self._overlay
+        if overlay:
+            hit = overlay.get(key)
+            if hit is not None:
+                return default if hit[1] is _DELETED else hit[1]
         return self.table.get(key, default)
 
     def items(self) -> Any:
-        return self.table.items()
+        overlay = self._overlay
+        if not overlay:
+            return self.table.items()
+        return [
+            *((k, v) for k, v in self.table.items() if k not in overlay),
+            *((k, v) for k, (_, v) in overlay.items() if v is not _DELETED),
+        ]
 
     def __contains__(self, key: object) -> bool:
+        overlay = self._overlay
+        if overlay:
+            hit = overlay.get(key)  # type: ignore[call-overload]
+            if hit is not None:
+                return hit[1] is not _DELETED
         return key in self.table
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.table)
+        overlay = self._overlay
+        if not overlay:
+            return iter(self.table)
+        return iter(
+            [
+                *(k for k in self.table if k not in overlay),
+                *(k for k, (_, v) in overlay.items() if v is not _DELETED),
+            ]
+        )
 
     def __len__(self) -> int:
-        return len(self.table)
+        if not self._overlay:
+            return len(self.table)
+        return sum(1 for _ in self)
 
-    # -- writes: the store now, the changelog at ``send`` ---------------------------------------
+    # -- writes: the overlay and a pending record now, the store once the broker has them -----
     def __setitem__(self, key: str, value: Any) -> None:
-        self.table.data[key] = value
-        self._log(key, value, self.table.value_serializer)
+        partition = self._partition()
+        self._overlay[key] = (partition, value)
+        self._log(partition, key, value, self.table.value_serializer)
 
     def __delitem__(self, key: str) -> None:
-        del self.table.data[key]
-        self._log(key, None, "raw")
+        if key not in self:
+            raise KeyError(key)
+        partition = self._partition()
+        self._overlay[key] = (partition, _DELETED)
+        self._log(partition, key, None, "raw")
 
-    def _log(self, key: str, value: Any, value_serializer: Any) -> None:
+    def _partition(self) -> int:
         event = current_event()
         if event is None:
             raise RuntimeError(f"{self.table.name}: written outside of a record's partition")
+        return int(event.message.partition)
+
+    def _log(self, partition: int, key: str, value: Any, value_serializer: Any) -> None:
         topic = self.table.changelog_topic
         k, _ = topic.prepare_key(key, self.table.key_serializer)
         v = None if value is None else topic.prepare_value(value, value_serializer)[0]
-        self._pending.append((event.message.partition, k, v))
+        self._pending.append((partition, k, v))
 
     def pending(self) -> int:
         return len(self._pending)
 
     def discard(self) -> None:
-        self._pending.clear()
+        """Forget the writes not sent yet, records and overlay together: reads return what
+        the store holds. A send under way still applies what the broker acknowledges."""
+        self._pending = []
+        self._overlay = {}
 
     async def send(self, producer: Any) -> int:
-        """Send the pending changelog records and wait until the broker has every one."""
+        """Send the pending changelog records and wait until the broker has every one; then,
+        and only then, the store takes the writes. If any record fails, none is applied and
+        the writes are dropped (the error is raised): the store stays behind the changelog."""
         pending, self._pending = self._pending, []
+        writes = self._overlay
         if not pending:
             return 0
         name = self.table.changelog_topic.get_topic_name()
-        futures = [await producer.send(name, k, v, p, None, None) for p, k, v in pending]
-        await producer.flush()
-        results = await asyncio.gather(*futures)
+        try:
+            futures = [await producer.send(name, k, v, p, None, None) for p, k, v in pending]
+            await producer.flush()
+            results = await asyncio.gather(*futures)
+        except BaseException:
+            if self._overlay is writes:
+                self._overlay = {}
+            raise
+        self._apply(writes)
+        if self._overlay is writes:
+            self._overlay = {}
         last: dict[int, int] = {}
         for md in results:
             last[md.partition] = max(last.get(md.partition, -1), md.offset)
         for partition, offset in last.items():
             self.table.data.set_persisted_offset(TP(name, partition), offset)
         return len(pending)
+
+    def _apply(self, writes: dict[str, tuple[int, Any]]) -> None:
+        """Put the acknowledged writes into the store, each as the event of its partition."""
+        data = self.table.data
+        current: int | None = None
+        at: _At | None = None
+        token = None
+        try:
+            for key, (partition, value) in writes.items():
+                if partition != current:
+                    if token is not None:
+                        _current_event.reset(token)
+                    at, current = _At(partition), partition
+                    token = _current_event.set(weakref.ref(at))
+                if value is _DELETED:
+                    # (a key written and deleted in the same batch was never in the store)
+                    with contextlib.suppress(KeyError):
+                        del data[key]
+                else:
+                    data[key] = value
+        finally:
+            if token is not None:
+                _current_event.reset(token)
