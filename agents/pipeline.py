@@ -137,7 +137,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     guard = OffsetGuard()
     ack_order = AckOrder()
     metrics = Metrics(processor, lambda: _lag(app), guard)
-    register_web(app, processor, feed, settings, metrics)
+    approval_index = register_web(app, processor, feed, settings, metrics)
     app.vigil_processor = processor  # type: ignore[attr-defined]
     rebalances = [0]
     last_seek: dict[tuple[str, int], float] = {}
@@ -311,6 +311,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         if emissions:
             sent = [send(em) for em in emissions]
             await delivered()
+            approval_index.note(em.record for em in emissions)  # ahead of the table: harmless
         if rebalances[0] != generation:
             return
         # 2. then the state that says they were published, delivered
