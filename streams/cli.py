@@ -147,11 +147,13 @@ def produce(
     """Produce JSON lines as Avro records.
 
     Each line is one record; "type" names the record type when the topic carries several (it
-    always may). The key is the record's execution id; the timestamp its event time.
+    always may). The key is the record's execution id; the timestamp its event time. A
+    ClockTick line goes to the partition its "partition" field names (it has no key).
     """
     from pydantic import ValidationError
 
     from streams.clients import RecordProducer
+    from streams.models.events import ClockTick
     from streams.topics import Topics
 
     s = _settings(bootstrap, registry)
@@ -169,7 +171,13 @@ def produce(
             name = obj.pop("type", None) or (default[0].avro_name if len(default) == 1 else None)
             if name not in types:
                 raise ValueError(f"type {name!r} does not belong on {topic}; one of {list(types)}")
-            producer.send(topic, types[name].model_validate(obj))
+            record = types[name].model_validate(obj)
+            if isinstance(record, ClockTick) and not 0 <= record.partition < spec.partitions:
+                raise ValueError(
+                    f"ClockTick partition {record.partition} is out of range: {topic} has "
+                    f"partitions 0..{spec.partitions - 1}"
+                )
+            producer.send(topic, record)
             sent += 1
         except (ValueError, ValidationError) as exc:
             bad += 1
@@ -306,6 +314,44 @@ def ticker(
 
     s = _settings(bootstrap, registry, tick_interval=parse_duration(interval) if interval else None)
     run_ticker(s, _codec(s), count=count)
+
+
+@app.command("tick")
+def tick(
+    at: Annotated[
+        str,
+        typer.Argument(
+            metavar="TIME", help="Event time of the ticks, ISO-8601 with a timezone (UTC: Z)."
+        ),
+    ],
+    bootstrap: BootstrapOpt = None,
+    registry: RegistryOpt = None,
+) -> None:
+    """Write one clock tick at TIME into every partition of every input topic.
+
+    The record `vigil ticker` writes, at the time given instead of now: it closes a backfill
+    of historical events without the wall-clock ticker. Once every input of a partition has
+    reached TIME, every event and every decision due before TIME is taken; one stamped
+    exactly TIME waits for time to pass it (a later tick or event), as live.
+    Example: vigil tick 2026-07-26T16:30:00Z
+    """
+    from streams.ticker import tick_once
+
+    when = _parse_time(at)
+    s = _settings(bootstrap, registry)
+    written = tick_once(s, _codec(s), when)
+    console.print(f"wrote {written} ticks at {when.isoformat()}")
+
+
+def _parse_time(value: str) -> datetime:
+    """An ISO-8601 time with a timezone, or a usage error (exit code 2)."""
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise typer.BadParameter(f"not an ISO-8601 time: {value!r}") from exc
+    if parsed.tzinfo is None:
+        raise typer.BadParameter("give a timezone, e.g. 2026-07-26T16:30:00Z")
+    return parsed
 
 
 @app.command("replay")

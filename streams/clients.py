@@ -56,6 +56,10 @@ class RecordProducer:
         headers: dict[str, str] | None = None,
     ) -> None:
         key = key if key is not None else record.kafka_key()
+        if partition is None and isinstance(record, ClockTick):
+            # A tick has no key to hash: it goes to the partition it names, the one whose
+            # stream time it moves.
+            partition = record.partition
         kwargs: dict[str, Any] = {}
         if partition is not None:
             kwargs["partition"] = partition

@@ -21,10 +21,32 @@ from streams.settings import Settings
 from streams.topics import Topics
 
 
+def _ticker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def tick_once(settings: Settings, codec: AvroCodec, at: datetime) -> int:
+    """One tick at event time ``at`` into every partition of every input topic, delivered
+    before returning; the number written.
+
+    The ticker's record at a time the operator chooses: after a backfill of historical
+    events, one tick past the last of them moves every partition's stream time there, so
+    the decisions due in the backfilled range are taken without the wall-clock ticker."""
+    if at.tzinfo is None:
+        raise ValueError("a tick's time must carry a timezone")
+    producer = RecordProducer(settings, codec)
+    written = 0
+    for spec in Topics.from_settings(settings).inputs():
+        producer.tick(spec.name, spec.partitions, at, _ticker_id())
+        written += spec.partitions
+    producer.flush()
+    return written
+
+
 def run_ticker(settings: Settings, codec: AvroCodec, count: int | None = None) -> int:
     topics = Topics.from_settings(settings).inputs()
     producer = RecordProducer(settings, codec)
-    ticker_id = f"{socket.gethostname()}:{os.getpid()}"
+    ticker_id = _ticker_id()
     stop = False
 
     def _stop(*_: object) -> None:
