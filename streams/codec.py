@@ -5,16 +5,24 @@ subjects follow the *topic-record* name strategy: ``<topic>-<record full name>``
 looks at the writer's schema id, asks the registry (cached) which record that is, and hands
 the bytes to the ``AvroDeserializer`` of that record with our schema as the reader schema, so
 Avro schema resolution absorbs compatible evolution (a field added by a newer producer).
+
+A record the registry cannot be asked about is not a bad record: when the registry is
+unreachable, times out or answers an error of its own (5xx, 429, ...), decoding raises
+``RegistryUnavailable``, which callers must not turn into a dead letter; only the registry's
+answer that a schema id does not exist (404) makes the record undecodable for good.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import logging
 import struct
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from datetime import timedelta
+from typing import Any, TypeVar
 
 from confluent_kafka.schema_registry import (
     SchemaRegistryClient,
@@ -31,6 +39,26 @@ from streams.models.base import Record
 from streams.models.events import INPUT_MODELS
 from streams.models.outputs import OUTPUT_MODELS
 
+log = logging.getLogger("vigil.codec")
+T = TypeVar("T")
+
+
+def _http_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions of a request that got no usable answer: httpx's ``HTTPError`` of the
+    httpx confluent's client uses (``httpx2`` where installed) and of plain httpx, and
+    ``OSError``."""
+    errors: list[type[BaseException]] = [OSError]
+    for name in ("httpx2", "httpx"):
+        try:
+            errors.append(__import__(name).HTTPError)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(errors)
+
+
+#: refused, reset, timed out, DNS, TLS, a response cut short...
+HTTP_ERRORS = _http_errors()
+
 MAGIC_BYTE = 0
 ALL_MODELS: tuple[type[Record], ...] = INPUT_MODELS + OUTPUT_MODELS
 MODELS_BY_FULLNAME: dict[str, type[Record]] = {m.avro_fullname(): m for m in ALL_MODELS}
@@ -40,16 +68,105 @@ class DecodeError(Exception):
     """A record that cannot be turned into a contract model; the message is the reason."""
 
 
+class RegistryUnavailable(Exception):
+    """The registry did not say what a schema is: unreachable, timed out, or an error of its
+    own (any answer but 404: 5xx, 429, 408, and 401/403 too, a credentials problem is not the
+    record's). Deliberately not a ``DecodeError``: the record may be perfectly valid, so it
+    is kept and read again, never dead-lettered."""
+
+
+#: the registry's answer that makes a schema id unknown for good
+NOT_FOUND = 404
+
+
 @dataclass(frozen=True, slots=True)
 class RegistryConfig:
     url: str
     basic_auth: str | None = None  # "user:secret"; never logged
+    #: seconds one HTTP request to the registry may take (connect, read). The worker decodes
+    #: on its event loop: without a bound, a registry that does not answer stalls everything.
+    timeout: float = 5.0
+    #: the client's own retries, for a blip (100 ms, then up to 500 ms apart); an outage is
+    #: waited out by the caller (the worker backs off and reads the records again)
+    max_retries: int = 1
 
     def client_conf(self) -> dict[str, Any]:
-        conf: dict[str, Any] = {"url": self.url}
+        conf: dict[str, Any] = {
+            "url": self.url,
+            "timeout": self.timeout,
+            "max.retries": self.max_retries,
+            "retries.wait.ms": 100,
+            "retries.max.wait.ms": 500,
+        }
         if self.basic_auth:
             conf["basic.auth.user.info"] = self.basic_auth
         return conf
+
+
+@dataclass(slots=True)
+class RegistryOutage:
+    """The registry's failures in a row: what the worker waits before reading the records
+    again, and whether the outage is worth an alert. The codec records every failure and
+    every answer, so an outage ends with the first answer, whichever caller got it."""
+
+    #: ``time.monotonic()`` of the first failure of the current outage; None while it answers
+    since: float | None = None
+    failures: int = 0
+    #: whether this outage was reported as lasting (once per outage)
+    alerted: bool = False
+
+    def failed(self, now: float) -> None:
+        if self.since is None:
+            self.since = now
+        self.failures += 1
+
+    def answered(self, now: float) -> float | None:
+        """The registry answered: how long the outage lasted, if there was one."""
+        if self.since is None:
+            return None
+        lasted = now - self.since
+        self.since, self.failures, self.alerted = None, 0, False
+        return lasted
+
+    def delay(self, first: float = 0.5, cap: float = 30.0) -> float:
+        """Capped exponential backoff: ``first`` after the first failure, doubling, at most
+        ``cap``."""
+        if self.failures <= 0:
+            return 0.0
+        return min(cap, first * 2.0 ** min(self.failures - 1, 62))
+
+    def pause(
+        self,
+        exc: RegistryUnavailable,
+        alert_after: timedelta,
+        cap: timedelta,
+        now: float | None = None,
+    ) -> float:
+        """Report a batch given up for ``exc`` and say how long to wait before reading it again:
+        a warning at the first failure of an outage, an error once it has lasted
+        ``alert_after``."""
+        now = time.monotonic() if now is None else now
+        wait = self.delay(cap=cap.total_seconds())
+        lasted = now - self.since if self.since is not None else 0.0
+        if self.failures <= 1:
+            log.warning(
+                "schema registry unavailable (%s); records are kept, none is dead-lettered: "
+                "they are read again in %.1f s",
+                exc,
+                wait,
+            )
+        elif lasted >= alert_after.total_seconds() and not self.alerted:
+            self.alerted = True
+            log.error(
+                "schema registry unavailable for %.0f s (%s failures in a row, last: %s); "
+                "input is not processed until it answers",
+                lasted,
+                self.failures,
+                exc,
+            )
+        else:
+            log.info("schema registry still unavailable (%s); again in %.1f s", exc, wait)
+        return wait
 
 
 class AvroCodec:
@@ -67,6 +184,7 @@ class AvroCodec:
         self._writers: dict[tuple[str, type[Record]], tuple[bytes, Any, Writer | None]] = {}
         self._readers: dict[tuple[int, type[Record]], tuple[Any, Any]] = {}
         self._writer_schemas: dict[int, Any] = {}
+        self.outage = RegistryOutage()
 
     @classmethod
     def connect(cls, config: RegistryConfig, **kwargs: Any) -> AvroCodec:
@@ -104,20 +222,61 @@ class AvroCodec:
             schemaless_writer(buf, parsed, avro_dict(record))
             return buf.getvalue()
         ctx = SerializationContext(topic, MessageField.VALUE)
-        data = self.serializer(model)(record, ctx)
+        data = self._ask_registry(
+            f"registering {model.avro_fullname()} for {topic}",
+            lambda: self.serializer(model)(record, ctx),
+        )
         assert data is not None
         self._writers[(topic, model)] = (data[:5], _parsed(model), _compiled(model))
         return data
+
+    # -- the registry -----------------------------------------------------------------------
+    def _ask_registry(self, what: str, call: Callable[[], T]) -> T:
+        """``call`` (a request to the registry), its failures sorted: an answer of the registry
+        (even a 404) ends an outage and passes through; no answer, or an error of the
+        registry's own, is ``RegistryUnavailable``."""
+        try:
+            result = call()
+        except SchemaRegistryError as exc:
+            if exc.http_status_code != NOT_FOUND:
+                self.outage.failed(time.monotonic())
+                raise RegistryUnavailable(f"{what}: {exc}") from exc
+            self._answered()
+            raise
+        except HTTP_ERRORS as exc:
+            self.outage.failed(time.monotonic())
+            raise RegistryUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+        self._answered()
+        return result
+
+    def _answered(self) -> None:
+        lasted = self.outage.answered(time.monotonic())
+        if lasted is not None:
+            log.warning("schema registry answers again, after %.1f s", lasted)
+
+    def writer_schema_str(self, schema_id: int) -> str:
+        """The writer's schema of ``schema_id`` (confluent's client caches it): ``DecodeError``
+        if the registry has no such id, ``RegistryUnavailable`` if it could not say."""
+        try:
+            schema = self._ask_registry(
+                f"looking up schema id {schema_id}", lambda: self.registry.get_schema(schema_id)
+            )
+        except SchemaRegistryError as exc:
+            raise DecodeError(f"unknown schema id {schema_id}: {exc.error_message}") from exc
+        text = schema.schema_str
+        if text is None:
+            raise DecodeError(f"schema id {schema_id} has no schema text")
+        return text
 
     # -- decoding -------------------------------------------------------------------------
     def writer_fullname(self, schema_id: int) -> str:
         name = self._writer_names.get(schema_id)
         if name is None:
+            text = self.writer_schema_str(schema_id)
             try:
-                schema = self.registry.get_schema(schema_id)
-            except SchemaRegistryError as exc:
-                raise DecodeError(f"unknown schema id {schema_id}: {exc.error_message}") from exc
-            parsed = json.loads(schema.schema_str)
+                parsed = json.loads(text)
+            except ValueError as exc:
+                raise DecodeError(f"schema id {schema_id} is not JSON: {exc}") from exc
             if not isinstance(parsed, dict) or "name" not in parsed:
                 raise DecodeError(f"schema id {schema_id} is not a named Avro record")
             ns = parsed.get("namespace")
@@ -135,8 +294,14 @@ class AvroCodec:
         if pair is None:
             writer = self._writer_schemas.get(schema_id)
             if writer is None:
-                text = self.registry.get_schema(schema_id).schema_str
-                writer = (parse_schema(json.loads(text)), json.loads(text))
+                text = self.writer_schema_str(schema_id)
+                try:
+                    writer = (parse_schema(json.loads(text)), json.loads(text))
+                except Exception as exc:  # fastavro's SchemaParseException, UnknownType, ...
+                    raise DecodeError(
+                        f"schema id {schema_id} is not a usable Avro schema: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
                 self._writer_schemas[schema_id] = writer
             parsed, declared = writer
             pair = (parsed, None if declared == model.avro_schema() else _parsed(model))
@@ -153,7 +318,8 @@ class AvroCodec:
     def decode(
         self, topic: str, data: bytes | None, allowed: Iterable[type[Record]] | None = None
     ) -> Record:
-        """Decode one value or raise ``DecodeError`` saying exactly why not."""
+        """Decode one value or raise ``DecodeError`` saying exactly why not, or
+        ``RegistryUnavailable`` when the registry could not be asked (the value may be fine)."""
         if data is None or len(data) == 0:
             raise DecodeError("empty value (tombstone or null) on a topic that carries records")
         if data[0] != MAGIC_BYTE:
@@ -167,8 +333,8 @@ class AvroCodec:
             raise DecodeError(f"record type {fullname} (schema id {schema_id}) is not a contract")
         if allowed is not None and model not in tuple(allowed):
             raise DecodeError(f"record type {fullname} does not belong on topic {topic}")
+        writer, reader = self._reader(schema_id, model)
         try:
-            writer, reader = self._reader(schema_id, model)
             raw = schemaless_reader(io.BytesIO(data[5:]), writer, reader)
         except Exception as exc:  # fastavro raises EOFError, ValueError, IndexError, ...
             raise DecodeError(

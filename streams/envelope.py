@@ -4,7 +4,8 @@ Faust commits past a value it cannot decode and then crashes the agent, so a bad
 be lost and the worker would flap. This schema never raises: every record becomes an
 ``Envelope`` holding either the decoded contract model or the reason it could not be decoded,
 together with the original bytes and coordinates, and the agent routes failures to the
-dead-letter topic.
+dead-letter topic. The one exception it lets through is ``RegistryUnavailable``: a registry
+that cannot be asked says nothing about the record, which must be kept and read again.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import faust
 from faust.types import AppT, Message
 
-from streams.codec import AvroCodec, DecodeError
+from streams.codec import AvroCodec, DecodeError, RegistryUnavailable
 from streams.models.base import Record
 
 
@@ -45,7 +46,11 @@ def open_envelope(
     key: bytes | None,
     value: bytes | None,
 ) -> Envelope:
-    """Decode one record into an envelope; never raises. Shared by the worker and replays."""
+    """Decode one record into an envelope. Shared by the worker and replays.
+
+    Raises only ``RegistryUnavailable`` (a transient fault of the registry, not of the record):
+    the caller must neither apply nor dead-letter the record, but read it again later. Every
+    other failure is the record's and becomes an envelope with ``error``."""
     common = dict(
         topic=topic,
         partition=partition,
@@ -58,6 +63,8 @@ def open_envelope(
         record = codec.decode(topic, value, allowed.get(topic))
     except DecodeError as exc:
         return Envelope(record=None, error=str(exc), **common)  # type: ignore[arg-type]
+    except RegistryUnavailable:
+        raise
     except Exception as exc:  # never let a decode crash the caller
         return Envelope(
             record=None, error=f"decoder failure: {type(exc).__name__}: {exc}", **common

@@ -133,6 +133,12 @@ class Metrics:
             "unacknowledged record",
             registry=self.registry,
         )
+        self.registry_unavailable = Counter(
+            "vigil_registry_unavailable",
+            "Batches given up because the schema registry could not be asked (unreachable, "
+            "timed out, 5xx); their records are read again after a backoff, never dead-lettered",
+            registry=self.registry,
+        )
         self.watchdog_failures = Counter(
             "vigil_watchdog_failures",
             "Rounds of the stall watchdog that raised (logged; the next round looks again)",

@@ -102,6 +102,13 @@ class Settings:
     #: the others is paused: a backlog in one topic then costs memory in proportion to this,
     #: not to the backlog (Kafka Streams' buffered.records.per.partition, in event time).
     max_held: int = 2000
+    #: VIGIL_REGISTRY_RETRY_MAX, VIGIL_REGISTRY_OUTAGE_ALERT — while the schema registry cannot
+    #: be asked about a record's schema, the worker waits and reads the records again, 0.5 s
+    #: after the first failure, doubling up to this; an outage that lasts the alert time is
+    #: logged as an error (the first failure as a warning, each counted in
+    #: ``vigil_registry_unavailable_total``).
+    registry_retry_max: timedelta = timedelta(seconds=30)
+    registry_outage_alert: timedelta = timedelta(minutes=1)
     #: KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
@@ -144,6 +151,8 @@ class Settings:
             fetch_min_bytes=int(_env("VIGIL_FETCH_MIN_BYTES", str(d.fetch_min_bytes))),  # type: ignore[arg-type]
             fetch_max_wait=parse_duration(_env("VIGIL_FETCH_MAX_WAIT", "25ms")),  # type: ignore[arg-type]
             max_held=int(_env("VIGIL_MAX_HELD", str(d.max_held))),  # type: ignore[arg-type]
+            registry_retry_max=parse_duration(_env("VIGIL_REGISTRY_RETRY_MAX", "30s")),  # type: ignore[arg-type]
+            registry_outage_alert=parse_duration(_env("VIGIL_REGISTRY_OUTAGE_ALERT", "1m")),  # type: ignore[arg-type]
             security_protocol=_env("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),  # type: ignore[arg-type]
             sasl_mechanism=_env("KAFKA_SASL_MECHANISM"),
             sasl_username=_env("KAFKA_SASL_USERNAME"),

@@ -1,12 +1,15 @@
 """The codec's fast path against the real registry: after the first record of a kind, fastavro
 with cached schemas writes the very bytes confluent's serializer writes, and reads back what
-was written, through schema resolution when a newer producer added a field."""
+was written, through schema resolution when a newer producer added a field. And what the codec
+makes of a registry that cannot be asked (through a proxy the test breaks): a transient fault,
+never a bad record."""
 
 from __future__ import annotations
 
 import io
 import json
 import struct
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -15,9 +18,11 @@ from confluent_kafka.schema_registry import Schema
 from confluent_kafka.serialization import MessageField, SerializationContext
 from fastavro import parse_schema, schemaless_writer
 
-from streams.codec import AvroCodec
+from streams.codec import AvroCodec, DecodeError, RegistryConfig, RegistryUnavailable
+from streams.envelope import open_envelope
 from streams.models.enums import ExecutionStatus
 from streams.models.events import ExecutionStatusChanged
+from tests.registry_proxy import Mode, RegistryProxy
 from tests.support import deployment
 
 pytestmark = pytest.mark.kafka
@@ -67,3 +72,77 @@ def test_fast_path_reads_a_newer_writer_schema(cluster, tmp_path: Path) -> None:
     value = status(3).to_avro() | {"tenant": "acme"}
     schemaless_writer(buf, parse_schema(newer), value)
     assert codec.decode(topic, buf.getvalue()) == status(3)
+
+
+def _newer_schema_id(codec: AvroCodec, topic: str) -> tuple[int, dict]:
+    """A compatible newer version of ExecutionStatusChanged on ``topic``, registered: its id
+    is one no codec has seen yet."""
+    newer = json.loads(ExecutionStatusChanged.avro_schema_str())
+    newer["fields"].append(
+        {"name": "region", "type": ["null", "string"], "default": None, "doc": "added later"}
+    )
+    subject = f"{topic}-{ExecutionStatusChanged.avro_fullname()}"
+    return codec.registry.register_schema(subject, Schema(json.dumps(newer), "AVRO")), newer
+
+
+def _framed(schema_id: int, schema: dict, value: dict) -> bytes:
+    buf = io.BytesIO()
+    buf.write(b"\x00" + struct.pack(">I", schema_id))
+    schemaless_writer(buf, parse_schema(schema), value)
+    return buf.getvalue()
+
+
+def test_a_registry_that_cannot_be_asked_is_not_a_bad_record(cluster, tmp_path: Path) -> None:
+    """Refused, or answered 503: ``RegistryUnavailable``, which ``open_envelope`` lets through
+    (the caller keeps the record); once it answers, the same bytes decode. Only the registry's
+    404 makes a record undecodable (an envelope with an error, bound for the dead letters)."""
+    dep = deployment(cluster, tmp_path)
+    topic = dep.topics.execution_status.name
+    dep.codec.encode(topic, status(1))
+    schema_id, newer = _newer_schema_id(dep.codec, topic)
+    value = _framed(schema_id, newer, status(3).to_avro() | {"region": "eu"})
+    allowed = {topic: (ExecutionStatusChanged,)}
+    with RegistryProxy(dep.settings.schema_registry_url) as proxy:
+        codec = AvroCodec.connect(RegistryConfig(proxy.url))
+        for mode in (Mode.REFUSE, Mode.UNAVAILABLE):
+            proxy.set(mode)
+            with pytest.raises(RegistryUnavailable):
+                codec.decode(topic, value)
+            with pytest.raises(RegistryUnavailable):
+                open_envelope(codec, allowed, topic, 0, 7, None, b"ex-3", value)
+        assert codec.outage.failures == 4
+        assert codec.outage.delay() == 4.0  # 0.5 s, doubled for each failure in a row
+
+        proxy.set(Mode.FORWARD)
+        env = open_envelope(codec, allowed, topic, 0, 7, None, b"ex-3", value)
+        assert env.error is None and env.record == status(3)
+        assert codec.outage.failures == 0  # the first answer ends the outage
+
+        unknown = b"\x00" + struct.pack(">I", 2_147_480_000) + value[5:]
+        with pytest.raises(DecodeError, match="unknown schema id"):
+            codec.decode(topic, unknown)
+        env = open_envelope(codec, allowed, topic, 0, 8, None, b"ex-3", unknown)
+        assert env.record is None and env.error is not None
+        assert env.error.startswith("unknown schema id 2147480000")
+        assert codec.outage.failures == 0  # a 404 is an answer
+
+
+def test_a_registry_that_never_answers_is_given_up_within_the_timeout(
+    cluster, tmp_path: Path
+) -> None:
+    """A registry that accepts connections and never answers must not stall the worker's event
+    loop indefinitely: each request is bounded by the client's timeout (and one retry)."""
+    assert RegistryConfig("http://registry").client_conf()["timeout"] <= 10
+    dep = deployment(cluster, tmp_path)
+    topic = dep.topics.execution_status.name
+    schema_id, newer = _newer_schema_id(dep.codec, topic)
+    value = _framed(schema_id, newer, status(4).to_avro() | {"region": None})
+    with RegistryProxy(dep.settings.schema_registry_url) as proxy:
+        proxy.set(Mode.SILENT)
+        codec = AvroCodec.connect(RegistryConfig(proxy.url, timeout=1.0))
+        began = time.monotonic()
+        with pytest.raises(RegistryUnavailable, match="Timeout"):
+            codec.decode(topic, value)
+        assert time.monotonic() - began < 5.0  # two attempts of 1 s, and a short wait
+        proxy.set(Mode.FORWARD)
+        assert codec.decode(topic, value) == status(4)
