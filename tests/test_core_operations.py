@@ -392,15 +392,22 @@ def test_an_older_attempt_keeps_its_work_item_and_settles_on_its_own() -> None:
     book = run(ev(K.SENT, 100, attempt=2), book=unknown_book()).book
     assert open_operation_ids(book) == ("op-1",)
     step = run(ev(K.VERIFIED, 200, attempt=1, source=E.RECONCILER), book=book)
-    resolution, resolved = step.outputs  # no state: the published state follows attempt 2
+    state, resolution, resolved = step.outputs
+    # the published state still describes attempt 2, with the verdict attempt 1 released
+    assert isinstance(state, OperationState) and (state.attempt, state.status) == (2, S.SENT)
+    assert state.retry is RetryVerdict.WAIT and state.held_by_attempt is None
     assert isinstance(resolution, WorkItemResolution) and resolution.attempt == 1
     assert isinstance(resolved, Alert) and resolved.status is AlertStatus.RESOLVED
     assert status(step.book, attempt=1) is S.VERIFIED
     assert open_operation_ids(step.book) == ("op-1",)  # attempt 2 is still SENT
-    # the older attempt's own deadline still fires, and only it: no state for attempt 1
+    # the older attempt's own deadline still fires: its work item, and the state of attempt 2
+    # with the verdict attempt 1 now holds back
     book = run(ev(K.SENT, attempt=1), ev(K.SENT, 5, attempt=2)).book
     fired = advance(book, at(31), CFG)
-    assert [type(o) for o in fired.outputs] == [ReconciliationWorkItem, Alert]
+    assert [type(o) for o in fired.outputs] == [OperationState, ReconciliationWorkItem, Alert]
+    state, item, _ = fired.outputs
+    assert (state.attempt, state.status, state.retry) == (2, S.SENT, RetryVerdict.FORBIDDEN)
+    assert (state.held_by_attempt, state.open_work_item_id) == (1, item.work_item_id)
 
 
 # --- refused input --------------------------------------------------------------------------
@@ -558,18 +565,24 @@ def test_unknown_settles_only_on_source_evidence_and_a_timeout_never_fails(steps
         for o in step.outputs:
             if isinstance(s, Tick):
                 assert not isinstance(o, WorkItemResolution)
-                assert not (isinstance(o, OperationState) and o.status in SETTLED)
-            if isinstance(o, OperationState) and o.status is S.FAILED:
+            if not isinstance(o, OperationState):
+                continue
+            was = _attempt_status(before, o.operation_id, o.attempt)
+            if isinstance(s, Tick) and o.status in SETTLED:
+                assert was is o.status  # published again for its verdict, not settled by time
+            if o.status is S.FAILED and was is not S.FAILED:
                 assert isinstance(s, OperationEvent) and s.kind is K.FAILED
 
 
 @settings(max_examples=400, deadline=None)
 @given(_steps)
 def test_every_published_state_carries_the_tables_verdict(steps: list) -> None:
+    """The table's verdict for the status of the attempt that gives it: the latest attempt's
+    own, or the one named as holding it back (test_core_operation_verdict: which one)."""
     for _, step, _ in _play(steps):
         for o in step.outputs:
             if isinstance(o, OperationState):
-                assert o.retry is TABLE[o.status]
+                assert o.retry is TABLE[o.status if o.held_by_status is None else o.held_by_status]
 
 
 @settings(max_examples=300, deadline=None)

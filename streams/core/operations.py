@@ -17,9 +17,15 @@ Why it is shaped like this:
   rejection.
 - **Attempts are kept.** A forbidden-retry alert names both attempts, and an earlier attempt's
   open work item stays open (and is resolved) on its own, whatever the newer attempt does.
-- **The published state follows the latest attempt.** ``OperationState`` is compacted by
-  operation id, so publishing an older attempt would overwrite the newer one; evidence about
-  an older attempt still settles that attempt and publishes its ``WorkItemResolution``.
+- **One published state per operation, with the operation's verdict.** ``OperationState``
+  is compacted by operation id, so it describes the latest attempt (its status, reason,
+  deadlines) and carries the retry verdict of the whole operation: the most restrictive of the
+  latest attempt's own and those of every attempt that would make a new send a forbidden
+  retry (another attempt of the operation, or one of an operation sharing an idempotency key,
+  in flight or verified), naming that attempt (``held_by_*``) and its open work item. An agent
+  that trusts a SAFE verdict must not get a FORBIDDEN_RETRY alert for acting on it. When an
+  attempt changes, every operation whose verdict it bears on is published again if its state
+  changed, so the compacted topic always shows the verdict in force.
 - **Deadlines are frozen when armed** (from the event or the connector's default), and fired
   outputs are stamped with the deadline, not with the tick that noticed it: the outputs do not
   depend on when ticks arrive, and a replay yields the same records with the same ids.
@@ -96,10 +102,30 @@ NEXT_STEP_OVERDUE = "verify the effect at the source; do not retry"
 NEXT_STEP_FORBIDDEN = "stop the duplicate; reconcile the first attempt before any further send"
 
 
+#: How far a verdict holds an agent back, to take the most restrictive over several attempts.
+#: An outcome still open (unknown, with a human, in flight) outranks an effect that is done:
+#: it can still turn into anything. Every verdict that forbids a send outranks the two that
+#: allow one.
+_RESTRICTION: Mapping[RetryVerdict, int] = {
+    RetryVerdict.SAFE: 0,
+    RetryVerdict.NOTHING_SENT: 1,
+    RetryVerdict.NOT_NEEDED: 2,
+    RetryVerdict.WAIT: 3,
+    RetryVerdict.OWNER_DECIDES: 4,
+    RetryVerdict.FORBIDDEN: 5,
+}
+
+
 def retry_verdict(status: OperationStatus) -> RetryVerdict:
     """domain.md's retry column. A status this build cannot read (UNRECOGNIZED) answers
     FORBIDDEN: when in doubt, the safe answer is not to send again."""
     return _RETRY.get(status, RetryVerdict.FORBIDDEN)
+
+
+def restriction(verdict: RetryVerdict) -> int:
+    """The rank of a verdict in ``_RESTRICTION``; one this build cannot read ranks as
+    FORBIDDEN."""
+    return _RESTRICTION.get(verdict, _RESTRICTION[RetryVerdict.FORBIDDEN])
 
 
 @dataclass(frozen=True)
@@ -205,11 +231,87 @@ def _is_current(book: OperationBook, operation_id: str, rec: AttemptRecord) -> b
     return book.operations[operation_id].current.attempt == rec.attempt
 
 
-def _state(book: OperationBook, operation_id: str, rec: AttemptRecord) -> OperationState:
-    """The published state of an attempt. A deadline is shown while it is in force, and in the
-    state its expiry caused (UNKNOWN shows the reply deadline that passed)."""
+def _holding(
+    book: OperationBook, operation_id: str, latest: int
+) -> list[tuple[str, AttemptRecord]]:
+    """The attempts other than the latest that hold a new send of the operation back: those a
+    send would be a forbidden retry of (``_blocking``) whatever attempt number it takes and
+    whichever of the operation's idempotency keys it carries. Own attempts first by number,
+    then other operations' by id and number: the order in which ties are given the hold."""
+    op = book.operations[operation_id]
+    found = [
+        (operation_id, rec)
+        for a, rec in sorted(op.attempts.items())
+        if a != latest and rec.status in BLOCKS_RETRY
+    ]
+    keys = {rec.idempotency_key for rec in op.attempts.values() if rec.idempotency_key}
+    if not keys:
+        return found
+    others = {o for k in keys for o in book.by_idempotency_key.get(k, ())} - {operation_id}
+    for other in sorted(others):
+        for _, rec in sorted(book.operations[other].attempts.items()):
+            if rec.idempotency_key in keys and rec.status in BLOCKS_RETRY:
+                found.append((other, rec))
+    return found
+
+
+def _verdict(
+    book: OperationBook, operation_id: str, latest: AttemptRecord
+) -> tuple[RetryVerdict, tuple[str, AttemptRecord] | None, str | None]:
+    """The operation's retry verdict, the attempt holding it back (None: the latest attempt
+    gives it) and the open work item to name.
+
+    The holder is the most restrictive attempt; among equals one with an open work item (it
+    says what to reconcile), then the latest attempt, then the first in ``_holding``'s order.
+    The work item is the holder's (or the latest attempt's); if it has none, the one of the
+    most restrictive attempt that has one, so an open item is never hidden.
+    """
+    holding = _holding(book, operation_id, latest.attempt)
+    verdict = retry_verdict(latest.status)
+    if not holding:
+        return verdict, None, latest.work_item_id
+    best: tuple[str, AttemptRecord] | None = None
+    rank = (restriction(verdict), latest.work_item_id is not None)
+    item, item_rank = latest.work_item_id, restriction(verdict)
+    for op_id, rec in holding:
+        rec_verdict = retry_verdict(rec.status)
+        r = (restriction(rec_verdict), rec.work_item_id is not None)
+        if r > rank:
+            best, rank, verdict = (op_id, rec), r, rec_verdict
+        if rec.work_item_id is not None and (item is None or r[0] > item_rank):
+            item, item_rank = rec.work_item_id, r[0]
+    if best is not None and best[1].work_item_id is not None:
+        item = best[1].work_item_id
+    return verdict, best, item
+
+
+def _state(book: OperationBook, operation_id: str, cause: str | None = None) -> OperationState:
+    """The published state of an operation: its latest attempt, with the operation's verdict.
+
+    A deadline is shown while it is in force, and in the state its expiry caused (UNKNOWN
+    shows the reply deadline that passed). The id is that of the latest attempt's transition,
+    plus the verdict's holder and work item when they do not come from the latest attempt
+    alone, plus ``cause`` (the change of another attempt that made this state) for a state
+    published again: a state can come back to an earlier content (attempt 1 times out, then
+    fails) and must not come back with an id a consumer has already seen.
+    """
+    op = book.operations[operation_id]
+    rec = op.current
+    retry, holder, work_item = _verdict(book, operation_id, rec)
     reply_due = rec.reply_due_at if rec.status in (S.SENT, S.UNKNOWN) else None
     verify_due = rec.verify_due_at if rec.status is S.ACKNOWLEDGED else None
+    # The reason is part of the id: ACKNOWLEDGED and ACKNOWLEDGED-but-overdue are two
+    # different records with the same status and ``since``. RECONCILING and MANUAL_REVIEW may
+    # alternate, at one instant too: the times the status was entered tell them apart.
+    parts: list[object] = [operation_id, rec.attempt, rec.status, rec.since, rec.reason]
+    entered = sum(1 for k in rec.kinds if k.value == rec.status.value)
+    if entered > 1:
+        parts += ["entered", entered]
+    if holder is not None or work_item != rec.work_item_id:
+        held = (holder[0], holder[1].attempt, holder[1].status) if holder else (None, None, None)
+        parts += ["held", retry, *held, work_item]
+    if cause is not None:
+        parts += ["after", cause]
     # Built without re-validation (once per published state): every value comes from a valid
     # attempt, times are put in the contract's UTC milliseconds as validation would.
     return construct(
@@ -221,20 +323,51 @@ def _state(book: OperationBook, operation_id: str, rec: AttemptRecord) -> Operat
             "idempotency_key": rec.idempotency_key,
             "connector": rec.connector,
             "status": rec.status,
-            "retry": retry_verdict(rec.status),
+            "retry": retry,
             "reason": rec.reason,
             "since": to_millis(rec.since),
             "reply_due_at": None if reply_due is None else to_millis(reply_due),
             "verify_due_at": None if verify_due is None else to_millis(verify_due),
             "effect_ref": rec.effect_ref,
-            "open_work_item_id": rec.work_item_id,
-            # The reason is part of the id: ACKNOWLEDGED and ACKNOWLEDGED-but-overdue are two
-            # different records with the same status and ``since``.
-            "state_id": deterministic_id(
-                "os", operation_id, rec.attempt, rec.status, rec.since, rec.reason
-            ),
+            "open_work_item_id": work_item,
+            "state_id": deterministic_id("os", *parts),
+            "held_by_operation_id": holder[0] if holder else None,
+            "held_by_attempt": holder[1].attempt if holder else None,
+            "held_by_status": holder[1].status if holder else None,
         },
     )
+
+
+def _states(
+    before: OperationBook,
+    after: OperationBook,
+    operation_id: str,
+    changed: AttemptRecord,
+    old_key: str | None,
+    cause: str,
+) -> list[OperationState]:
+    """The states to publish after attempt ``changed`` of ``operation_id`` changed.
+
+    The operation's own state always when ``changed`` is its latest attempt: every transition
+    of the latest attempt is a record of its own. Then every operation whose
+    verdict the attempt bears on (this one, when an older attempt changed, and those sharing
+    the attempt's idempotency key) whose state differs from the one before, by operation id.
+    """
+    current = _is_current(after, operation_id, changed)
+    out = [_state(after, operation_id)] if current else []
+    affected: set[str] = set()
+    for key in (old_key, changed.idempotency_key):
+        if key:
+            affected.update(after.by_idempotency_key.get(key, ()))
+    if current:
+        affected.discard(operation_id)
+    else:
+        affected.add(operation_id)
+    for op_id in sorted(affected):
+        new = _state(after, op_id, cause)
+        if op_id not in before.operations or _state(before, op_id, cause) != new:
+            out.append(new)
+    return out
 
 
 def _judge(
@@ -456,16 +589,18 @@ def apply_event(
         update["verify_due_at"] = max(t, event.verify_due_at or to_millis(t + verify_timeout))
     rec = _first_attempt(event.attempt, update) if old is None else replace(old, **update)
 
-    outputs: list[Record] = []
+    settled: list[Record] = []
     alert = None
     if rec.sent and not (old is not None and old.sent):
         alert = _forbidden_retry(book, event, rec.idempotency_key)
     if status in SETTLED:
-        outputs.extend(_settle(book, event.operation_id, rec, event))
+        settled = _settle(book, event.operation_id, rec, event)
         rec = replace(rec, work_item_id=None, work_item_kind=None, alert_id=None)
-    book = _put(book, event.operation_id, rec)
-    if _is_current(book, event.operation_id, rec):
-        outputs.insert(0, _state(book, event.operation_id, rec))
+    before, book = book, _put(book, event.operation_id, rec)
+    cause = f"{event.operation_id}#{event.attempt}:{event.event_id}"
+    old_key = old.idempotency_key if old else None
+    outputs: list[Record] = [*_states(before, book, event.operation_id, rec, old_key, cause)]
+    outputs.extend(settled)
     if alert is not None:
         outputs.append(alert)
     return OperationStep(book, tuple(outputs), ())
@@ -531,10 +666,8 @@ def _fire(
         work_item_kind=wi_kind,
         alert_id=alert_id,
     )
-    book = _put(book, operation_id, rec)
-    out: list[Record] = []
-    if _is_current(book, operation_id, rec):
-        out.append(_state(book, operation_id, rec))
+    before, book = book, _put(book, operation_id, rec)
+    out: list[Record] = [*_states(before, book, operation_id, rec, rec.idempotency_key, wi_id)]
     at = to_millis(deadline)  # as the records' validators would put it
     # Both records built without re-validation: every value comes from a valid attempt.
     out.append(
@@ -629,10 +762,10 @@ def open_operation_ids(book: OperationBook | None) -> tuple[str, ...]:
 
 
 def current_states(book: OperationBook | None) -> tuple[OperationState, ...]:
-    """The published state of every operation of the book (its latest attempt), by id: what
-    the read side shows for an execution."""
+    """The state of every operation of the book (its latest attempt, the operation's
+    verdict), by id: what the read side shows for an execution, equal to the last published
+    one in every field but ``state_id`` (the id of a state published again names its cause,
+    which the book does not keep)."""
     if book is None:
         return ()
-    return tuple(
-        _state(book, op_id, book.operations[op_id].current) for op_id in sorted(book.operations)
-    )
+    return tuple(_state(book, op_id) for op_id in sorted(book.operations))

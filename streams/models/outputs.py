@@ -53,6 +53,9 @@ class OperationState(Record):
     effect_ref: str | None = None
     open_work_item_id: str | None = None
     state_id: str
+    held_by_operation_id: str | None = None
+    held_by_attempt: int | None = None
+    held_by_status: OperationStatus | None = None
 
 
 class ReconciliationWorkItem(Record):
