@@ -239,6 +239,8 @@ def register_web(
                 body=metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"}
             )
 
+    return index
+
 
 def _valid(identifier: str) -> aioweb.Response | None:
     if ID.match(identifier):
