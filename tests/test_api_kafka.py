@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from streams.models.enums import ExecutionStatus
-from streams.models.events import ExecutionStatusChanged
+from streams.models.events import ApprovalRequested, ExecutionStatusChanged
 from streams.models.outputs import ApprovalVerdict
 from streams.scenario import REFERENCE_AT, Tick, demo_scenario
 from tests.support import deployment, play, worker
@@ -177,7 +177,13 @@ def test_sse_keepalive_and_bearer_token(cluster, tmp_path: Path) -> None:
         dep.read_until([dep.topics.execution_state.name], lambda rs: len(rs) >= 1)
         assert httpx.get(f"{base}/v1/executions/k", timeout=10).status_code == 401
         assert httpx.get(f"{base}/metrics", timeout=10).status_code == 401
+        # every path, Faust's own index page at / and paths that do not exist included
+        assert httpx.get(f"{base}/", timeout=10).status_code == 401
+        assert httpx.get(f"{base}/no-such-path", timeout=10).status_code == 401
+        wrong = {"Authorization": "Bearer s3cre"}
+        assert httpx.get(f"{base}/", headers=wrong, timeout=10).status_code == 401
         auth = {"Authorization": "Bearer s3cret"}
+        assert httpx.get(f"{base}/", headers=auth, timeout=10).status_code == 200
         assert httpx.get(f"{base}/v1/executions/k", headers=auth, timeout=10).status_code == 200
         events = _sse(
             base,
@@ -231,6 +237,17 @@ def test_two_workers_redirect_to_the_owner(cluster, tmp_path: Path) -> None:
             )
             for x in ids
         ]
+        + [
+            ApprovalRequested(
+                event_id=f"{x}-req",
+                execution_id=x,
+                request_id=f"{x}-req",
+                action="refund",
+                action_digest="d1",
+                occurred_at=T0,
+            )
+            for x in ids
+        ]
         + [Tick(T0 + timedelta(seconds=1))],
     )
     with worker(dep) as a, worker(dep) as b:
@@ -254,3 +271,18 @@ def test_two_workers_redirect_to_the_owner(cluster, tmp_path: Path) -> None:
                 assert r.status_code == 200 and r.json()["execution_id"] == x
         served = {base: sum(codes[(base, x)] == 200 for x in ids) for base in bases}
         assert all(n > 0 for n in served.values()), served
+        # an approval id names no partition: a worker without it asks the other one
+        deadline = time.monotonic() + 30
+        while True:
+            got = {
+                (base, x): httpx.get(f"{base}/v1/approvals/{x}-req", timeout=30)
+                for base in bases
+                for x in ids
+            }
+            if all(r.status_code == 200 for r in got.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert {k: r.status_code for k, r in got.items()} == {k: 200 for k in got}
+        assert all(r.json()["execution_id"] == x for (_, x), r in got.items())
+        for base in bases:
+            assert httpx.get(f"{base}/v1/approvals/nope", timeout=30).status_code == 404
