@@ -22,7 +22,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -94,6 +94,42 @@ def shares(partitions: int, processes: int) -> list[list[int]]:
     return [list(range(i, partitions, n)) for i in range(n)]
 
 
+def in_range(timestamp_ms: int, end_ms: int | None) -> bool:
+    """Whether a record stamped ``timestamp_ms`` belongs to a replay that ends at ``end_ms``
+    (None: no end). The end is inclusive: a replay to T judges the facts stamped T, as
+    ``vigil audit --at T`` does."""
+    return end_ms is None or timestamp_ms <= end_ms
+
+
+def end_ticks(inputs: Topics, partitions: Collection[int] | None, end: datetime) -> list[Envelope]:
+    """What closes a replay to ``end``: a tick one millisecond past it on every input topic
+    of every partition replayed (``None``: all), handed to the processor and written nowhere.
+
+    The watermark then passes ``end``, so everything at or before it is decided in
+    event-time order, events before deadlines at equal times: an answer stamped ``end``
+    counts, and so does a deadline due at ``end`` ("deadlines are reached at their instant").
+    Nothing is stamped after ``end``: the processor stamps outputs with the event's time or
+    the deadline's. The replay's last verdict on a request is therefore the evaluator's
+    verdict at ``end`` on the facts up to ``end``, which is what ``vigil audit --at`` gives."""
+    after_ms = _ms(end) + 1
+    after = datetime.fromtimestamp(after_ms / 1000, UTC)
+    return [
+        Envelope(
+            spec.name,
+            p,
+            -1,
+            after_ms,
+            None,
+            None,
+            ClockTick(ticker_id="replay-end", partition=p, occurred_at=after),
+            None,
+        )
+        for spec in inputs.inputs()
+        for p in range(spec.partitions)
+        if partitions is None or p in partitions
+    ]
+
+
 def run_replay(
     settings: Settings,
     codec: AvroCodec,
@@ -103,7 +139,8 @@ def run_replay(
     show_progress: bool = True,
     processes: int = 1,
 ) -> ReplaySummary:
-    """Replay ``[start, end)``; without ``end``, up to the log end as of the start. With
+    """Replay ``[start, end]`` (see ``in_range``, ``end_ticks``); without ``end``, up to the
+    log end as of the start, deciding only what its ticks have passed. With
     ``processes`` > 1 the partitions are shared among that many child processes."""
     if not output_suffix:
         raise ValueError("a replay needs an output suffix: it must not write to the live outputs")
@@ -223,8 +260,8 @@ def replay_partitions(
                 if msg.offset() >= remaining[tp] - 1:
                     remaining.pop(tp)
                 ts = msg.timestamp()[1]
-                if end_ms is not None and ts >= end_ms:
-                    remaining.pop(tp, None)  # this partition has reached the end time
+                if not in_range(ts, end_ms):
+                    remaining.pop(tp, None)  # this partition has gone past the end time
                     continue
                 env = open_envelope(
                     codec,
@@ -266,18 +303,10 @@ def replay_partitions(
                 unreported = 0
         progressed(unreported)
         if end is not None:
-            # Decide everything before the end time: the end is data the operator gave, the
+            # Decide everything up to the end time: the end is data the operator gave, the
             # same for every replay of this range.
-            for spec in inputs.inputs():
-                for p in range(spec.partitions):
-                    if partitions is not None and p not in partitions:
-                        continue
-                    tick = ClockTick(ticker_id="replay-end", partition=p, occurred_at=end)
-                    emit(
-                        processor.handle(
-                            Envelope(spec.name, p, -1, _ms(end), None, None, tick, None)
-                        )
-                    )
+            for env in end_ticks(inputs, partitions, end):
+                emit(processor.handle(env))
         processor.flush()
         processor.flush_clocks()
         producer.flush()

@@ -278,3 +278,26 @@ def test_replay_pauses_a_topic_far_ahead_and_still_reads_everything(
     ]
     states = {r.operation_id for r in got if isinstance(r, OperationState)}
     assert len(states) == len(events)
+
+
+def test_a_replay_to_t_agrees_with_the_audit_at_t(cluster, tmp_path: Path) -> None:
+    """``--to T`` includes T: an answer stamped T counts and a deadline due at T is reached
+    (the answer first), as ``vigil audit --at T`` judges; facts after T are not read. The
+    log runs past T, and two processes share the partitions."""
+    from streams.models.outputs import ApprovalVerdict
+    from tests.test_replay_bounds import START, T, audit_at, boundary_scenario, last_verdicts
+
+    dep = deployment(cluster, tmp_path)
+    steps, lines = boundary_scenario()
+    play(dep, steps)
+    summary = run_replay(
+        dep.settings, dep.codec, START, T, output_suffix="-to", show_progress=False, processes=2
+    )
+    verdicts = [
+        r.record
+        for r in consume(dep.settings, dep.codec, list(summary.output_topics), idle_timeout=3.0)
+        if isinstance(r.record, ApprovalVerdict)
+    ]
+    assert last_verdicts(verdicts) == audit_at(lines, T)
+    assert all(v.evaluated_at <= T for v in verdicts)
+    assert summary.held == 0
