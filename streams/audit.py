@@ -251,7 +251,14 @@ def _table(results: Iterable[AuditResult]) -> Table:
 
 def audit(
     file: Annotated[Path, typer.Argument(help="JSON Lines snapshot, one request a line; -: stdin")],
-    at: Annotated[str, typer.Option("--at", help="evaluation time, ISO-8601 with timezone")],
+    at: Annotated[
+        str,
+        typer.Option(
+            "--at",
+            help="evaluation time, ISO-8601 with timezone: facts stamped at it count and "
+            "deadlines due at it are reached",
+        ),
+    ],
     grace: Annotated[str, typer.Option(help="default grace period to resume")] = "5m",
     heartbeat_fresh: Annotated[str, typer.Option(help="default heartbeat freshness")] = "10m",
     delivery_deadline: Annotated[str, typer.Option(help="default delivery deadline")] = "5m",
@@ -259,7 +266,12 @@ def audit(
         bool, typer.Option("--json", help="one JSON object per request instead of a table")
     ] = False,
 ) -> None:
-    """Judge approval waits in a snapshot file: waiting, or stuck, and who owns the next step.
+    """Judge approval snapshots offline with the live evaluator: waiting or stuck, and who owns
+    the next step.
+
+    At --at T, a fact stamped T counts and a deadline due at T is reached (an answer stamped at
+    its expiry is judged with both): the verdicts a `vigil replay --to T` of the same facts
+    ends with.
 
     Exit code 0: every line judged; 1: file unreadable; 2: some lines were malformed (reported
     on stderr with their line number; the other lines are still judged).

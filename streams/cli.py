@@ -79,7 +79,7 @@ def _mount_optional() -> None:
     from streams.cli_dev import dev_app
 
     app.add_typer(dev_app, name="dev", help="Start, stop and inspect the local Kafka + registry.")
-    app.command("audit", help="Judge approval snapshots offline with the live evaluator.")(audit)
+    app.command("audit")(audit)  # its help: the docstring (the --at boundary included)
     from streams.cli_api import status, watch
 
     app.command("status")(status)
@@ -361,7 +361,12 @@ def replay(
     ],
     end: Annotated[
         str | None,
-        typer.Option("--to", help="Stop before this time; every decision due before it is taken."),
+        typer.Option(
+            "--to",
+            help="Replay up to and including this time: records stamped at it are read and "
+            "every decision due at or before it is taken (events first at equal times), so "
+            "the last verdicts are those of `vigil audit --at` this time.",
+        ),
     ] = None,
     output_suffix: Annotated[
         str, typer.Option(help="Suffix of the output topics written.")
@@ -384,6 +389,10 @@ def replay(
     The same processor as the worker, so the outputs equal the live run's: same ids, same
     contents, same order per key. The partitions are shared among processes (one per core by
     default). Ends with a summary.
+
+    With --to T the range is [--from, T]: an answer stamped T counts and a deadline due at T
+    (an expiry, a grace period) is reached, the answer first, as `vigil audit --at T` judges.
+    Nothing after T is read or stamped.
     """
     from datetime import datetime as dt
 

@@ -193,3 +193,16 @@ def test_replays_to_consecutive_ends_agree_with_the_audit_at_each() -> None:
     assert last_verdicts(replay_to(steps, before)) == audit_at(
         [json.dumps(x) for x in snapshot], before
     )
+
+
+def test_both_helps_state_the_boundary() -> None:
+    from typer.testing import CliRunner
+
+    from streams.cli import _mount_optional, app
+
+    _mount_optional()
+    runner = CliRunner(env={"COLUMNS": "200"})
+    replay = " ".join(runner.invoke(app, ["replay", "--help"]).output.split())
+    audit = " ".join(runner.invoke(app, ["audit", "--help"]).output.split())
+    assert "up to and including" in replay and "vigil audit --at" in replay
+    assert "deadline due at T is reached" in audit and "vigil replay --to T" in audit
