@@ -13,6 +13,9 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -289,3 +292,23 @@ def test_the_store_is_never_ahead_of_the_changelog(tmp_path_factory: Any, runs: 
             else:
                 replayed[k] = value
         assert replayed == model
+
+
+# -- the test-only site hook that makes a real worker's changelog sends fail ------------------
+SITE = Path(__file__).resolve().parent / "sites" / "changelog_fail"
+PROBE = "import agents.changelog as c; print(c.DirectTable.send.__qualname__)"
+
+
+@pytest.mark.parametrize(("fails", "send"), [(None, "DirectTable.send"), ("1", "failing_send")])
+def test_the_site_hook_replaces_the_send_only_when_asked(
+    tmp_path: Path, fails: str | None, send: str
+) -> None:
+    env = dict(os.environ)
+    env.pop("VIGIL_TEST_CHANGELOG_FAILS", None)
+    if fails is not None:
+        env["VIGIL_TEST_CHANGELOG_FAILS"] = fails
+    env["PYTHONPATH"] = f"{SITE}{os.pathsep}{SITE.parents[2]}"
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, cwd=tmp_path, capture_output=True, check=True
+    )
+    assert done.stdout.decode().strip().endswith(send)
