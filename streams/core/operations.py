@@ -76,6 +76,8 @@ IN_FLIGHT: frozenset[OperationStatus] = frozenset({S.SENT, S.ACKNOWLEDGED}) | RE
 #: the in-flight ones; VERIFIED is added because a resend after a confirmed effect *is* a
 #: duplicate effect (unless the connector honours the idempotency key, which we cannot see).
 BLOCKS_RETRY: frozenset[OperationStatus] = IN_FLIGHT | {S.VERIFIED}
+#: Statuses an attempt may enter more than once (a reviewer hands back to the reconciler).
+_REPEATABLE: frozenset[OperationStatus] = frozenset({S.RECONCILING, S.MANUAL_REVIEW})
 #: Who can know whether an effect happened. The runtime only knows what it sent.
 SOURCE_EVIDENCE: frozenset[EvidenceSource] = frozenset(
     {EvidenceSource.CONNECTOR, EvidenceSource.RECONCILER, EvidenceSource.HUMAN}
@@ -238,16 +240,19 @@ def _holding(
     send would be a forbidden retry of (``_blocking``) whatever attempt number it takes and
     whichever of the operation's idempotency keys it carries. Own attempts first by number,
     then other operations' by id and number: the order in which ties are given the hold."""
-    op = book.operations[operation_id]
+    attempts = book.operations[operation_id].attempts
+    index = book.by_idempotency_key
+    if len(attempts) == 1:  # the common case, once per published state: a single attempt
+        key = attempts[latest].idempotency_key
+        if key is None or index.get(key) == (operation_id,):
+            return []
     found = [
         (operation_id, rec)
-        for a, rec in sorted(op.attempts.items())
+        for a, rec in sorted(attempts.items())
         if a != latest and rec.status in BLOCKS_RETRY
     ]
-    keys = {rec.idempotency_key for rec in op.attempts.values() if rec.idempotency_key}
-    if not keys:
-        return found
-    others = {o for k in keys for o in book.by_idempotency_key.get(k, ())} - {operation_id}
+    keys = {rec.idempotency_key for rec in attempts.values() if rec.idempotency_key}
+    others = {o for k in keys for o in index.get(k, ())} - {operation_id}
     for other in sorted(others):
         for _, rec in sorted(book.operations[other].attempts.items()):
             if rec.idempotency_key in keys and rec.status in BLOCKS_RETRY:
@@ -304,9 +309,10 @@ def _state(book: OperationBook, operation_id: str, cause: str | None = None) -> 
     # different records with the same status and ``since``. RECONCILING and MANUAL_REVIEW may
     # alternate, at one instant too: the times the status was entered tell them apart.
     parts: list[object] = [operation_id, rec.attempt, rec.status, rec.since, rec.reason]
-    entered = sum(1 for k in rec.kinds if k.value == rec.status.value)
-    if entered > 1:
-        parts += ["entered", entered]
+    if rec.status in _REPEATABLE:
+        entered = sum(1 for k in rec.kinds if k.value == rec.status.value)
+        if entered > 1:
+            parts += ["entered", entered]
     if holder is not None or work_item != rec.work_item_id:
         held = (holder[0], holder[1].attempt, holder[1].status) if holder else (None, None, None)
         parts += ["held", retry, *held, work_item]
