@@ -355,9 +355,9 @@ def _states(
     """The states to publish after attempt ``changed`` of ``operation_id`` changed.
 
     The operation's own state always when ``changed`` is its latest attempt: every transition
-    of the latest attempt is a record of its own. Then every operation whose
-    verdict the attempt bears on (this one, when an older attempt changed, and those sharing
-    the attempt's idempotency key) whose state differs from the one before, by operation id.
+    of the latest attempt is a record of its own. Then every operation whose verdict the
+    attempt bears on (this one, when an older attempt changed, and those sharing the attempt's
+    idempotency key) whose state differs from the one before, by operation id.
     """
     current = _is_current(after, operation_id, changed)
     out = [_state(after, operation_id)] if current else []
