@@ -15,7 +15,7 @@ so neither the interleaving of topics nor the phase of the ticker changes any an
 from __future__ import annotations
 
 import heapq
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -126,11 +126,19 @@ class Processor:
         self.partitions = topics.execution_status.partitions
         self.input_names = tuple(t.name for t in topics.inputs())
         self.max_future_skew = max_future_skew
+        self._skew_ms = int(max_future_skew.total_seconds() * 1000)
         self.operation_config = operation_config or ops.OperationConfig()
         self.thresholds_for = ap.threshold_resolver(policies, thresholds)
         self.closed_retention = closed_retention
         self.orphan_after = orphan_after
         self.clocks: dict[int, PartitionClock] = {}
+        #: the clock of each partition as last stored (or restored): acknowledged records only
+        self._saved: dict[int, PartitionClock] = {}
+        #: per input topic partition, (offset, event time) of the records observed since the
+        #: stored clock, in read order; folded into it up to the first one still held
+        self._trail: dict[tuple[str, int], deque[tuple[int, datetime]]] = {}
+        #: per input topic partition, offsets of the events held for the watermark
+        self._held_offsets: dict[tuple[str, int], set[int]] = {}
         #: the watermark of each partition's clock, with the clock it was computed from
         self._marks: dict[int, tuple[PartitionClock, datetime | None]] = {}
         #: execution id -> partition (murmur2 of the id), memoised: several lookups per event
@@ -186,6 +194,9 @@ class Processor:
         the tables. Decisions are stamped with exact due times, so nothing is decided twice
         or differently; at worst one tick later."""
         self.clocks.clear()
+        self._saved.clear()
+        self._trail.clear()
+        self._held_offsets.clear()
         self._marks.clear()
         self.due.clear()
         self.dirty.clear()
@@ -203,15 +214,20 @@ class Processor:
         return self.state.flush(partition)
 
     def flush_clocks(self, partition: int | None = None) -> None:
-        """Write the partition clocks that moved. After ``flush``'s writes are delivered: a
-        stored clock must never be ahead of the stored state it has judged."""
+        """Write the partition clocks that moved, as acknowledged (``_acked_clock``). After
+        ``flush``'s writes are delivered and before the records are acknowledged: a stored
+        clock must never be ahead of the stored state it has judged, nor of the records Kafka
+        would deliver again after a restart."""
         for p in sorted(self._clocks_dirty) if partition is None else [partition]:
-            if p in self._clocks_dirty and p in self.clocks:
-                self.stores.clocks[str(p)] = self.clocks[p].model_dump_json()
-        if partition is None:
-            self._clocks_dirty.clear()
-        else:
-            self._clocks_dirty.discard(partition)
+            if p not in self._clocks_dirty:
+                continue
+            self._clocks_dirty.discard(p)
+            if p not in self._saved:
+                self._clock(p)  # the stored clock, if any, is where the acknowledged one starts
+            clock = self._acked_clock(p)
+            if clock.maxima and clock != self._saved.get(p):
+                self.stores.clocks[str(p)] = clock.model_dump_json()
+                self._saved[p] = clock
 
     def dirty_partitions(self) -> list[int]:
         """Partitions with state or a clock not flushed yet."""
@@ -266,6 +282,10 @@ class Processor:
         self.counters.inputs[record.avro_name] += 1
         if isinstance(record, ev.ClockTick):
             self._done.append(token)
+            refusal = self._check_time(env, record.occurred_at)
+            if refusal is not None:
+                out.append(self._anomaly(env, record, refusal))
+                return out
             self._observe(env, record.occurred_at, out)
             return out
         refusal = self._check(env, record)
@@ -283,6 +303,7 @@ class Processor:
         else:
             self._seq += 1
             self.held_by[(env.topic, env.partition)] += 1
+            self._held_offsets.setdefault((env.topic, env.partition), set()).add(env.offset)
             heapq.heappush(
                 self.pending.setdefault(env.partition, []),
                 (_ms(t), self._rank.get(env.topic, 0), env.offset, self._seq, env, token),
@@ -330,45 +351,32 @@ class Processor:
                     f"{record.avro_name}.{field_name} has a symbol this version does not know;"
                     " not applied (a decision vigil cannot read is not a decision)",
                 )
-        t: datetime = record.occurred_at  # type: ignore[attr-defined]
+        return self._check_time(env, record.occurred_at)  # type: ignore[attr-defined]
+
+    def _check_time(self, env: Envelope, t: datetime) -> AnomalyFinding | None:
+        """An event time vigil cannot place: before 1971, or more than ``max_future_skew``
+        ahead of the record's own Kafka timestamp.
+
+        Why the record timestamp: a future-skew check exists to catch a producer whose clock
+        is broken, and the record timestamp is the one time in the record that the broker has
+        checked against its own clock (an input topic refuses a timestamp more than
+        ``message.timestamp.after.max.ms`` ahead of the broker's). It is part of the record, so
+        the live run and every replay judge alike, and it does not depend on how far the
+        worker has read the other topics, nor on gaps between the records of a sparse topic
+        (a backfill may be quiet for hours). A record with no timestamp is not checked."""
         if t < EARLIEST_PLAUSIBLE:
             return AnomalyFinding(
                 AnomalyKind.TIME_OUT_OF_RANGE, f"event time {t.isoformat()} is before 1971"
             )
-        clock = self.clocks.get(env.partition) or self._clock(env.partition)
-        if clock is None:
-            return None  # held, and judged when the partition's watermark comes
-        # Against the newest time of the record's own topic partition (its ticks included):
-        # it does not depend on how far the worker has read the other topics.
-        return self._future(t, clock.max_for(env.topic) or clock.stream_time)
-
-    def _future(self, t: datetime, reference: datetime | None) -> AnomalyFinding | None:
-        if reference is not None and t > reference + self.max_future_skew:
-            return AnomalyFinding(
-                AnomalyKind.TIME_OUT_OF_RANGE,
-                f"event time {t.isoformat()} is more than {self.max_future_skew} ahead of the "
-                f"partition's stream time {reference.isoformat()}",
-            )
+        if env.timestamp_ms is not None and env.timestamp_ms >= 0:
+            limit_ms = env.timestamp_ms + self._skew_ms
+            if _ms(t) > limit_ms:
+                return AnomalyFinding(
+                    AnomalyKind.TIME_OUT_OF_RANGE,
+                    f"event time {t.isoformat()} is more than {self.max_future_skew} ahead of "
+                    f"its record timestamp {_ts(env).isoformat()}",
+                )
         return None
-
-    def _on_first_watermark(self, partition: int, watermark: datetime, out: list[Emission]) -> None:
-        pending = self.pending.get(partition)
-        if not pending:
-            return
-        keep = []
-        for item in pending:
-            env = item[4]
-            assert env.record is not None
-            finding = self._future(env.record.occurred_at, watermark)  # type: ignore[attr-defined]
-            if finding is None:
-                keep.append(item)
-            else:
-                out.append(self._anomaly(env, env.record, finding))
-                self._done.append(item[5])
-                self.held_by[(env.topic, partition)] -= 1
-        if len(keep) != len(pending):
-            heapq.heapify(keep)
-            self.pending[partition] = keep
 
     # -- executions -----------------------------------------------------------------------
     def _load_execution(self, execution_id: str) -> ex.Slot:
@@ -546,6 +554,8 @@ class Processor:
     def _observe(self, env: Envelope, t: datetime, out: list[Emission]) -> None:
         if env.topic not in self.input_names:
             return
+        self._trail.setdefault((env.topic, env.partition), deque()).append((env.offset, t))
+        self._clocks_dirty.add(env.partition)
         clock = (
             self.clocks.get(env.partition)
             or self._clock(env.partition)
@@ -557,12 +567,30 @@ class Processor:
         before = self._watermark(env.partition)
         self.clocks[env.partition] = moved
         after = self._watermark(env.partition)
-        if after != before:
-            self._clocks_dirty.add(env.partition)
-        if after is not None and before is None:
-            self._on_first_watermark(env.partition, after, out)
         if after is not None and (before is None or after > before):
             self._on_watermark(env.partition, after, out)
+
+    def _acked_clock(self, partition: int) -> PartitionClock:
+        """The partition's clock over the records that will be acknowledged: per input topic,
+        the newest time of the records read up to (not including) its first record still held
+        for the watermark. ``AckOrder`` acknowledges each topic partition in offset order, so
+        this is exactly the clock of what Kafka will not deliver again; a held record and
+        everything read after it on its topic partition come again after a restart, and must
+        find a watermark that has not passed them yet."""
+        clock = self._saved.get(partition) or PartitionClock.start(self.input_names)
+        for topic in self.input_names:
+            trail = self._trail.get((topic, partition))
+            if not trail:
+                continue
+            held = self._held_offsets.get((topic, partition))
+            newest: datetime | None = None
+            while trail and not (held and trail[0][0] in held):
+                t = trail.popleft()[1]
+                if newest is None or t > newest:
+                    newest = t
+            if newest is not None:
+                clock = clock.observe(topic, newest)
+        return clock
 
     def _watermark(self, partition: int) -> datetime | None:
         """The watermark of the partition's clock (None: no clock, or not every input seen),
@@ -586,6 +614,7 @@ class Processor:
                 if set(clock.inputs) != set(self.input_names):
                     return None  # the input topics changed: start afresh
                 self.clocks[partition] = clock
+                self._saved[partition] = clock
         return clock
 
     def _on_watermark(self, partition: int, watermark: datetime, out: list[Emission]) -> None:
@@ -605,6 +634,7 @@ class Processor:
             if next_event is not None and (next_due is None or next_event <= next_due):
                 _, _, _, _, env, token = heapq.heappop(pending)
                 self.held_by[(env.topic, partition)] -= 1
+                self._held_offsets[(env.topic, partition)].discard(env.offset)
                 assert env.record is not None
                 self._apply(env, env.record, out)
                 self._done.append(token)

@@ -204,9 +204,10 @@ def test_unreadable_decision_code_is_an_anomaly(proc: Processor) -> None:
     assert anomaly.kind == AnomalyKind.UNRECOGNIZED_SYMBOL
 
 
-def test_far_future_first_record_of_a_partition_is_refused(proc: Processor) -> None:
-    """Before a partition has a watermark its records are held; when the watermark comes a
-    far-future one is refused, and stamped with its own (acceptable) record timestamp."""
+def test_far_future_record_is_refused_at_once(proc: Processor) -> None:
+    """An event time far ahead of its record timestamp (a producer with a broken clock) is
+    refused at once, even before the partition has a watermark, and stamped with its own
+    (acceptable) record timestamp."""
     far = ExecutionStatusChanged(
         event_id="f",
         execution_id="ex-far",
@@ -216,8 +217,7 @@ def test_far_future_first_record_of_a_partition_is_refused(proc: Processor) -> N
     )
     e = env(far)
     e = Envelope(e.topic, e.partition, e.offset, int(T0.timestamp() * 1000), e.key, b"", far, None)
-    assert proc.handle(e) == []  # held: no watermark yet
-    out = ticks(proc, T0)
+    out = [em.record for em in proc.handle(e)]
     anomalies = [r for r in out if isinstance(r, Anomaly)]
     assert [a.kind for a in anomalies] == [AnomalyKind.TIME_OUT_OF_RANGE]
     assert anomalies[0].detected_at == T0
