@@ -29,7 +29,7 @@ from agents.fetch_pace import FetchPace, FetchSizes, apply_sizes, running_fetche
 from streams import flow
 from streams.admin import admin_client
 from streams.clients import RecordProducer
-from streams.codec import AvroCodec
+from streams.codec import AvroCodec, RegistryUnavailable
 from streams.envelope import SafeAvroSchema, open_envelope
 from streams.feed import Feed
 from streams.metrics import Metrics
@@ -430,6 +430,18 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
                 await process(generation, batch)
             except asyncio.CancelledError:
                 raise
+            except RegistryUnavailable as exc:
+                # Not the records' fault: the registry could not be asked, while decoding
+                # (before anything of the batch is published or acknowledged) or registering
+                # an output schema. Forget the batch, wait (capped exponential backoff; warned,
+                # counted, an error if it lasts), and its records are read again.
+                forget()
+                metrics.registry_unavailable.inc()
+                await asyncio.sleep(
+                    codec.outage.pause(
+                        exc, settings.registry_outage_alert, settings.registry_retry_max
+                    )
+                )
             except Exception:
                 # Never silently: the batch is not acknowledged, so forget what it did to the
                 # state; the watchdog seeks back to the first unacknowledged record.
