@@ -34,9 +34,14 @@ class TopicSpec:
     cleanup_policy: str
     retention_ms: int
     doc: str
+    #: inputs: the broker refuses a record timestamp more than this ahead of its own clock
+    #: (``message.timestamp.after.max.ms``), the reference of vigil's future-skew check
+    future_skew_ms: int | None = None
 
     def config(self) -> dict[str, str]:
         conf = {"cleanup.policy": self.cleanup_policy}
+        if self.future_skew_ms is not None:
+            conf["message.timestamp.after.max.ms"] = str(self.future_skew_ms)
         if self.cleanup_policy == "delete":
             conf["retention.ms"] = str(self.retention_ms)
         else:
@@ -76,6 +81,7 @@ class Topics:
                 "delete",
                 s.retention_ms,
                 doc,
+                int(s.max_future_skew.total_seconds() * 1000),
             )
 
         def o(

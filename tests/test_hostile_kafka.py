@@ -544,7 +544,7 @@ def test_event_far_in_the_future_is_an_anomaly(live: Live) -> None:
     live.outputs.settle()
     found = live.outputs.anomalies_of(f"{ex}-1")
     assert [a.kind for a in found] == [AnomalyKind.TIME_OUT_OF_RANGE]
-    assert "ahead of the partition's stream time" in found[0].reason
+    assert "ahead of its record timestamp" in found[0].reason
 
 
 def test_far_future_event_first_on_a_partition_is_not_applied(live: Live) -> None:
