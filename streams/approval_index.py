@@ -189,9 +189,8 @@ class ApprovalIndex:
         for p in new:
             self._by_partition[p] = {}  # ``note`` fills it while the rebuild reads the table
         if self._task is not None:
-            self._task.cancel()  # its partitions may have moved; started again below
+            self._task.cancel()  # its partitions may have moved; what is missing starts below
             self._task = None
-            new = owned - self._complete
         if new:
             self._start(new)
         self._signal()
