@@ -1,7 +1,8 @@
 """Container health probe for the vigil image (``HEALTHCHECK`` in docker/Dockerfile).
 
 ``vigil worker`` serves HTTP on ``VIGIL_WEB_PORT``: the probe asks for Faust's index ``/``
-(``{"status": "OK"}``, no token needed) and is healthy on any HTTP answer below 500. The web
+(``{"status": "OK"}``; 401 when ``VIGIL_API_TOKEN`` is set, the probe sends no token) and is
+healthy on any HTTP answer below 500. The web
 server starts before partitions are assigned, so this is a liveness signal, not "caught up".
 The other commands (``ticker``, ``topics create``...) serve nothing: when the container's main
 command is not ``worker`` the probe reports healthy.
