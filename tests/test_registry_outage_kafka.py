@@ -17,6 +17,7 @@ import logging
 import struct
 import time
 import urllib.request
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -27,11 +28,13 @@ from fastavro import parse_schema, schemaless_writer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.codec import RegistryOutage, RegistryUnavailable
+from streams.codec import AvroCodec, RegistryConfig, RegistryOutage, RegistryUnavailable
 from streams.core.executions import apply_status
 from streams.models.enums import ExecutionStatus
 from streams.models.events import ExecutionStatusChanged
 from streams.models.outputs import DeadLetter, ExecutionState
+from streams.replay import run_replay
+from streams.topics import Topics
 from tests.registry_proxy import Mode, RegistryProxy
 from tests.support import deployment, worker
 
@@ -199,3 +202,54 @@ def test_a_record_met_during_a_registry_outage_is_applied_once_it_answers(
     assert "schema registry unavailable for" in log  # the error: it lasted past 3 s
     assert "schema registry answers again" in log
     assert time.monotonic() - began < 90
+
+
+def test_a_replay_met_by_a_registry_outage_fails_instead_of_dead_lettering(
+    cluster, tmp_path: Path
+) -> None:
+    """A replay cannot wait for the registry the way a worker does: it stops, saying why, and
+    writes no dead letter for a record whose schema could not be looked up. Once the registry
+    answers, a replay applies that record."""
+    dep = deployment(cluster, tmp_path, partitions=1)
+    topic = dep.topics.execution_status.name
+    first = status("ex-p", 1, ExecutionStatus.CREATED)
+    after = status("ex-p", 2, ExecutionStatus.VALIDATING, 1)
+    garbage = b"\x07 not Avro"
+    dep.produce([first])
+    raw = Producer({"bootstrap.servers": dep.settings.bootstrap_servers})
+    raw.produce(topic, key=b"ex-p", value=garbage)
+    raw.flush(10)
+    dep.tick(T0 + timedelta(minutes=1))
+    newer = json.loads(ExecutionStatusChanged.avro_schema_str())
+    newer["fields"].append({"name": "zone", "type": ["null", "string"], "default": None})
+    subject = f"{topic}-{ExecutionStatusChanged.avro_fullname()}"
+    new_id = dep.codec.registry.register_schema(subject, Schema(json.dumps(newer), "AVRO"))
+    start = T0 - timedelta(minutes=1)
+
+    with RegistryProxy(dep.settings.schema_registry_url) as proxy:
+        codec = AvroCodec.connect(RegistryConfig(proxy.url))
+        # a first replay: the codec learns every schema but the new one, and how to write a
+        # state and a dead letter (so only the new schema id needs the registry below)
+        warm = run_replay(dep.settings, codec, start, show_progress=False)
+        assert warm.dead_letters == 1
+
+        valid = _framed(new_id, newer, after.to_avro() | {"zone": "z1"})
+        raw.produce(topic, key=b"ex-p", value=valid)
+        raw.flush(10)
+        dep.tick(T0 + timedelta(minutes=3))
+        proxy.set(Mode.REFUSE)
+        with pytest.raises(RegistryUnavailable, match=f"schema id {new_id}"):
+            run_replay(dep.settings, codec, start, show_progress=False)
+        replayed = Topics.from_settings(replace(dep.settings, output_suffix="-replay"))
+        letters = [r.record for r in dep.read([replayed.dead_letters.name], idle=1.0)]
+        # the garbage again (read before the failure), never the record met by the outage
+        assert {d.original_value for d in letters} == {garbage}
+
+        proxy.set(Mode.FORWARD)
+        healed = run_replay(
+            dep.settings, codec, start, output_suffix="-healed", show_progress=False
+        )
+    assert healed.dead_letters == 1  # the garbage alone
+    out = Topics.from_settings(replace(dep.settings, output_suffix="-healed"))
+    states = [r.record for r in dep.read([out.execution_state.name], idle=1.0)]
+    assert states[-1] == apply_status(apply_status(None, first).slot, after).published
