@@ -292,21 +292,50 @@ class AvroCodec:
         schema is None and fastavro reads with the writer's alone, at half the cost."""
         pair = self._readers.get((schema_id, model))
         if pair is None:
-            writer = self._writer_schemas.get(schema_id)
-            if writer is None:
-                text = self.writer_schema_str(schema_id)
-                try:
-                    writer = (parse_schema(json.loads(text)), json.loads(text))
-                except Exception as exc:  # fastavro's SchemaParseException, UnknownType, ...
-                    raise DecodeError(
-                        f"schema id {schema_id} is not a usable Avro schema: "
-                        f"{type(exc).__name__}: {exc}"
-                    ) from exc
-                self._writer_schemas[schema_id] = writer
-            parsed, declared = writer
+            parsed, declared = self._writer_schema(schema_id)
             pair = (parsed, None if declared == model.avro_schema() else _parsed(model))
             self._readers[(schema_id, model)] = pair
         return pair
+
+    def _writer_schema(self, schema_id: int) -> tuple[Any, Any]:
+        """The writer's schema of ``schema_id``, parsed by fastavro and as declared."""
+        writer = self._writer_schemas.get(schema_id)
+        if writer is None:
+            text = self.writer_schema_str(schema_id)
+            try:
+                writer = (parse_schema(json.loads(text)), json.loads(text))
+            except Exception as exc:  # fastavro's SchemaParseException, UnknownType, ...
+                raise DecodeError(
+                    f"schema id {schema_id} is not a usable Avro schema: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            self._writer_schemas[schema_id] = writer
+        return writer
+
+    def unseen_schema_ids(self, values: Iterable[bytes | None]) -> set[int]:
+        """The schema ids in the headers of Confluent-framed ``values`` that this codec has not
+        looked up yet. No I/O: a batch's new ids can be looked up (``look_up``) in a thread,
+        and decoding then asks the registry nothing on the event loop."""
+        seen = self._writer_schemas
+        out: set[int] = set()
+        for value in values:
+            if value is not None and len(value) >= 5 and value[0] == MAGIC_BYTE:
+                (schema_id,) = struct.unpack_from(">I", value, 1)
+                if schema_id not in seen:
+                    out.add(schema_id)
+        return out
+
+    def look_up(self, schema_ids: Iterable[int]) -> None:
+        """Ask the registry about ``schema_ids`` now, so that decoding finds them known. Meant
+        for a thread (``asyncio.to_thread``): a registry that does not answer then blocks that
+        thread, not the worker's event loop. Raises ``RegistryUnavailable``; an id the registry
+        does not know (404) is left for ``decode`` to report with its record."""
+        for schema_id in schema_ids:
+            try:
+                self.writer_fullname(schema_id)
+                self._writer_schema(schema_id)
+            except DecodeError:
+                continue
 
     def deserializer(self, model: type[Record]) -> AvroDeserializer:
         de = self._deserializers.get(model)

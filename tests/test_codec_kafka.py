@@ -146,3 +146,26 @@ def test_a_registry_that_never_answers_is_given_up_within_the_timeout(
         assert time.monotonic() - began < 5.0  # two attempts of 1 s, and a short wait
         proxy.set(Mode.FORWARD)
         assert codec.decode(topic, value) == status(4)
+
+
+def test_schema_ids_looked_up_ahead_need_no_registry_to_decode(cluster, tmp_path: Path) -> None:
+    """``unseen_schema_ids`` + ``look_up`` (meant for a thread): once a batch's new ids are
+    looked up, its records decode while the registry is down; an outage during the look-up is
+    ``RegistryUnavailable``, and an id the registry does not know is left for ``decode``."""
+    dep = deployment(cluster, tmp_path)
+    topic = dep.topics.execution_status.name
+    schema_id, newer = _newer_schema_id(dep.codec, topic)
+    value = _framed(schema_id, newer, status(5).to_avro() | {"region": "eu"})
+    unknown = b"\x00" + struct.pack(">I", 2_147_480_002) + value[5:]
+    with RegistryProxy(dep.settings.schema_registry_url) as proxy:
+        codec = AvroCodec.connect(RegistryConfig(proxy.url))
+        unseen = codec.unseen_schema_ids([value, unknown, b"\x01not framed", None, b"\x00\x00"])
+        assert unseen == {schema_id, 2_147_480_002}
+        proxy.set(Mode.REFUSE)
+        with pytest.raises(RegistryUnavailable):
+            codec.look_up(unseen)
+        proxy.set(Mode.FORWARD)
+        codec.look_up(unseen)  # the 404 does not raise
+        assert codec.unseen_schema_ids([value, unknown]) == {2_147_480_002}
+        proxy.set(Mode.REFUSE)
+        assert codec.decode(topic, value) == status(5)
