@@ -12,6 +12,7 @@ time, never the send time; then it writes the state and acknowledges.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import time
@@ -26,9 +27,10 @@ from faust.types import TP
 from agents.changelog import DirectTable
 from agents.drain import BatchDrain
 from agents.fetch_pace import FetchPace, FetchSizes, apply_sizes, running_fetcher
+from agents.lease import MembershipLease
 from streams import flow
 from streams.admin import admin_client
-from streams.clients import RecordProducer
+from streams.clients import DeliveryFailed, RecordProducer
 from streams.codec import AvroCodec, RegistryUnavailable
 from streams.envelope import SafeAvroSchema, open_envelope
 from streams.feed import Feed
@@ -138,6 +140,42 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     ack_order = AckOrder()
     metrics = Metrics(processor, lambda: _lag(app), guard)
     approval_index = register_web(app, processor, feed, settings, metrics)
+    lease = MembershipLease(float(app.conf.broker_session_timeout))
+    #: input position -> (failed batches it was part of the cause of, the last error): a
+    #: record that fails ``VIGIL_MAX_RECORD_FAILURES`` times is quarantined (``quarantine``)
+    failures: dict[tuple[str, int, int], tuple[int, str]] = {}
+
+    def failed_on(position: tuple[str, int, int], exc: BaseException) -> None:
+        count = failures.get(position, (0, ""))[0] + 1
+        failures[position] = (count, f"{type(exc).__name__}: {exc}"[:500])
+        if len(failures) > 10_000:  # a memo of recent failures, not state
+            failures.pop(next(iter(failures)))
+        log.warning(
+            "%s[%s]@%s caused a failed batch (%s of %s before it is quarantined): %s",
+            *position,
+            count,
+            settings.max_record_failures,
+            failures[position][1],
+        )
+
+    async def still_owner(generation: int) -> bool:
+        """Whether this worker may still write for the batch fetched in ``generation``: no
+        rebalance since, and a membership lease that has not run out (``agents/lease.py``).
+        A worker that was stopped past its session waits here until a heartbeat proves it a
+        member again, or the rebalance that took its partitions arrives."""
+        if lease.valid():
+            return rebalances[0] == generation
+        metrics.lease_waits.inc()
+        log.warning(
+            "membership unproven for %.1f s: holding the batch",
+            lease.clock() - (lease.proven_at or 0),
+        )
+        while not lease.valid():
+            if rebalances[0] != generation:
+                return False
+            await asyncio.sleep(0.05)
+        return rebalances[0] == generation
+
     app.vigil_processor = processor  # type: ignore[attr-defined]
     rebalances = [0]
     last_seek: dict[tuple[str, int], float] = {}
@@ -284,9 +322,18 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
             for key, offset in starts.items():
                 if not guard.knows(key):
                     guard.start(key, offset)
+        # schemas not seen yet are asked of the registry in a thread, not on the event loop
+        unseen = codec.unseen_schema_ids(m.value for m in batch)
+        if unseen:
+            await asyncio.to_thread(codec.look_up, unseen)
+            if rebalances[0] != generation:
+                return
         emissions: list[Emission] = []
+        #: (index of its first emission, input record): to tell which input an output came from
+        origins: list[tuple[int, Any]] = []
         last: dict[int, Any] = {}
         handle = processor.handle
+        limit = settings.max_record_failures
         for msg in batch:
             if msg.tp not in assignment or not await admit(msg):
                 continue
@@ -305,21 +352,62 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
                 msg.key,
                 msg.value,
             )
-            emissions.extend(handle(env, token=msg))
+            position = (msg.topic, msg.partition, msg.offset)
+            origins.append((len(emissions), position))
+            failed = failures.get(position) if failures else None
+            if failed is not None and failed[0] >= limit:
+                log.error("%s[%s]@%s quarantined after %s failed batches", *position, failed[0])
+                emissions.extend(
+                    processor.quarantine(
+                        env, f"{failed[0]} batches failed on it; last: {failed[1]}", token=msg
+                    )
+                )
+                del failures[position]
+                continue
+            try:
+                emissions.extend(handle(env, token=msg))
+            except Exception as exc:
+                culprit = processor.applying  # the input being applied when it raised
+                if culprit is not None:
+                    position = (culprit.topic, culprit.partition, culprit.offset)
+                failed_on(position, exc)
+                raise
+
+        def origin(index: int) -> tuple[str, int, int]:
+            return origins[bisect.bisect_right(origins, index, key=lambda o: o[0]) - 1][1]
+
         # 1. the outputs, delivered
         sent: list[bytes] = []
         if emissions:
-            sent = [send(em) for em in emissions]
-            await delivered()
+            if not await still_owner(generation):
+                return
+            for i, em in enumerate(emissions):
+                try:
+                    sent.append(send(em))
+                except Exception as exc:  # refused before it left (too large, unencodable)
+                    failed_on(origin(i), exc)
+                    raise
+            try:
+                await delivered()
+            except DeliveryFailed as exc:
+                index = {
+                    (em.topic, value): i
+                    for i, (em, value) in enumerate(zip(emissions, sent, strict=True))
+                }
+                for topic, value, error in exc.failed:
+                    i = index.get((topic, value))
+                    if i is not None:
+                        failed_on(origin(i), RuntimeError(error))
+                raise
             approval_index.note(em.record for em in emissions)  # ahead of the table: harmless
-        if rebalances[0] != generation:
+        if not await still_owner(generation):
             return
         # 2. then the state that says they were published, delivered
         for p in processor.state.dirty_partitions():
             with in_partition(last[p]):
                 processor.flush(p)
         await executions.send(app.producer)
-        if rebalances[0] != generation:
+        if not await still_owner(generation):
             return
         # 3. then the clocks, and the inputs may be committed
         for p in list(processor.dirty_partitions()):
@@ -358,6 +446,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         drain,
         settings.fetch_min_bytes,
         int(settings.fetch_max_wait.total_seconds() * 1000),
+        lease,
     )
 
     #: input topic partitions this worker paused because they ran ahead (``hold_back``)
@@ -426,6 +515,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         # and the state that reflects it written.
         async for generation, batch in drain.batches():
             pace_fetch(len(batch))
+            counted = processor.counters.snapshot()
             try:
                 await process(generation, batch)
             except asyncio.CancelledError:
@@ -436,6 +526,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
                 # an output schema. Forget the batch, wait (capped exponential backoff; warned,
                 # counted, an error if it lasts), and its records are read again.
                 forget()
+                processor.counters = counted
                 metrics.registry_unavailable.inc()
                 await asyncio.sleep(
                     codec.outage.pause(
@@ -448,6 +539,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
                 log.exception("batch of %s records failed; it will be read again", len(batch))
                 metrics.batch_failures.inc()
                 forget()
+                processor.counters = counted
             del batch  # not kept, decoded, while the next batch is awaited
 
     @app.on_partitions_revoked.connect
@@ -459,6 +551,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     @app.on_partitions_assigned.connect
     async def _assigned(app: faust.App, assigned: Any, **_: Any) -> None:
         rebalances[0] += 1
+        lease.renew()  # the group has just been joined: membership is proven now
         drain.clear()
         forget()
 
@@ -475,20 +568,29 @@ class _At:
 
 
 def _install_drain(
-    app: faust.App, drain: BatchDrain, fetch_min_bytes: int, fetch_max_wait_ms: int
+    app: faust.App,
+    drain: BatchDrain,
+    fetch_min_bytes: int,
+    fetch_max_wait_ms: int,
+    lease: MembershipLease | None = None,
 ) -> None:
-    """Give the worker's consumer the batch drain and its fetch sizes, whenever Faust creates
-    it."""
+    """Give the worker's consumer the batch drain, its fetch sizes and the membership lease,
+    whenever Faust creates it."""
+
+    def install(consumer: Any) -> None:
+        drain.install(consumer)
+        tune_fetch(consumer, fetch_min_bytes, fetch_max_wait_ms)
+        if lease is not None:
+            watch_membership(consumer, lease)
+
     if app._consumer is not None:
-        drain.install(app._consumer)
-        tune_fetch(app._consumer, fetch_min_bytes, fetch_max_wait_ms)
+        install(app._consumer)
         return
     new_consumer = app._new_consumer
 
     def _new_consumer() -> Any:
         consumer = new_consumer()
-        drain.install(consumer)
-        tune_fetch(consumer, fetch_min_bytes, fetch_max_wait_ms)
+        install(consumer)
         return consumer
 
     app._new_consumer = _new_consumer  # type: ignore[method-assign]
@@ -510,6 +612,30 @@ def tune_fetch(consumer: Any, min_bytes: int, max_wait_ms: int) -> None:
         kafka_consumer = create(transport)
         kafka_consumer._fetch_min_bytes = min_bytes
         kafka_consumer._fetch_max_wait_ms = max_wait_ms
+        return kafka_consumer
+
+    thread._create_worker_consumer = _create_worker_consumer
+
+
+def watch_membership(consumer: Any, lease: MembershipLease) -> None:
+    """Renew ``lease`` from the heartbeats of the aiokafka consumer Faust's consumer thread
+    creates: its group coordinator exists once that consumer has started."""
+    thread = getattr(consumer, "_thread", None)
+    create = getattr(thread, "_create_worker_consumer", None)
+    if create is None:
+        return
+
+    def _create_worker_consumer(transport: Any) -> Any:
+        kafka_consumer = create(transport)
+        start = kafka_consumer.start
+
+        async def start_and_watch() -> None:
+            await start()
+            coordinator = getattr(kafka_consumer, "_coordinator", None)
+            if coordinator is not None:
+                lease.watch(coordinator)
+
+        kafka_consumer.start = start_and_watch
         return kafka_consumer
 
     thread._create_worker_consumer = _create_worker_consumer

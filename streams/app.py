@@ -47,6 +47,7 @@ def create_app(settings: Settings, codec: AvroCodec | None = None) -> faust.App:
         topic_partitions=settings.partitions,
         topic_replication_factor=settings.replication_factor,
         processing_guarantee="at_least_once",
+        broker_session_timeout=settings.session_timeout.total_seconds(),
         consumer_auto_offset_reset="earliest",
         web_host=settings.web_host,
         web_bind=settings.web_host,

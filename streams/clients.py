@@ -28,6 +28,15 @@ def record_time_ms(record: Record) -> int | None:
     return int(value.timestamp() * 1000) if value is not None else None
 
 
+class DeliveryFailed(RuntimeError):
+    """Records the broker refused: ``failed`` holds (topic, value, error) of each, so that the
+    caller can tell which of its inputs they came from."""
+
+    def __init__(self, message: str, failed: list[tuple[str, bytes | None, str]]) -> None:
+        super().__init__(message)
+        self.failed = failed
+
+
 class RecordProducer:
     """Avro producer whose record timestamp is the event time, never the send time."""
 
@@ -41,10 +50,13 @@ class RecordProducer:
         self.producer = Producer(conf)
         self.codec = codec
         self.errors: list[str] = []
+        #: (topic, value, error) of every record the broker refused since the last flush
+        self.failed: list[tuple[str, bytes | None, str]] = []
 
-    def _on_delivery(self, err: KafkaError | None, _msg: Any) -> None:
+    def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
         if err is not None:
             self.errors.append(str(err))
+            self.failed.append((msg.topic(), msg.value(), str(err)))
 
     def send(
         self,
@@ -136,7 +148,8 @@ class RecordProducer:
             raise RuntimeError(f"{remaining} records not delivered within {timeout}s")
         if self.errors:
             errors, self.errors = self.errors, []
-            raise RuntimeError(f"delivery failed: {errors[:3]}")
+            failed, self.failed = self.failed, []
+            raise DeliveryFailed(f"delivery failed: {errors[:3]}", failed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,20 @@ class VigilCollector:
         dl = CounterMetricFamily("vigil_dead_letters", "Records sent to the dead-letter topic")
         dl.add_metric([], c.dead_letters)
         yield dl
+        quarantined = CounterMetricFamily(
+            "vigil_quarantined",
+            "Input records set aside as dead letters after VIGIL_MAX_RECORD_FAILURES failed "
+            "batches (each also raises a CRITICAL alert)",
+        )
+        quarantined.add_metric([], c.quarantined)
+        yield quarantined
+        late = CounterMetricFamily(
+            "vigil_events_behind_watermark",
+            "Events that arrived behind their partition's watermark and were applied at once: "
+            "a producer writing out of time order, or ticks ahead of the producers' clocks",
+        )
+        late.add_metric([], c.late)
+        yield late
         again = CounterMetricFamily(
             "vigil_inputs_redelivered",
             "Inputs Kafka delivered again whose effect the state already held (skipped)",
@@ -125,6 +139,12 @@ class Metrics:
             "From an input record's timestamp to the send of its outputs (for live traffic, "
             "log append to output)",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.lease_waits = Counter(
+            "vigil_lease_waits",
+            "Batches held because the worker's group membership was unproven (it was stopped "
+            "past its session timeout): nothing is written until a heartbeat proves it again",
             registry=self.registry,
         )
         self.batch_failures = Counter(

@@ -14,6 +14,7 @@ so neither the interleaving of topics nor the phase of the ticker changes any an
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 from collections import Counter, deque
 from collections.abc import Callable, MutableMapping
@@ -34,7 +35,7 @@ from streams.core.ids import deterministic_id
 from streams.envelope import Envelope
 from streams.models import events as ev
 from streams.models.base import Record
-from streams.models.enums import AnomalyKind
+from streams.models.enums import AlertKind, AlertStatus, AnomalyKind, Owner, Severity
 from streams.models.outputs import (
     Alert,
     Anomaly,
@@ -88,6 +89,25 @@ class Counters:
     dead_letters: int = 0
     verdicts: Counter[str] = field(default_factory=Counter)
     anomalies: Counter[str] = field(default_factory=Counter)
+    #: records set aside after failing again and again (``Processor.quarantine``)
+    quarantined: int = 0
+    #: events that arrived behind their partition's watermark (applied at once, out of time
+    #: order): a producer writing out of order, or clock ticks ahead of the producers' clocks
+    late: int = 0
+
+    def snapshot(self) -> Counters:
+        """A copy, to go back to when a batch fails: counters count what was published."""
+        return Counters(
+            Counter(self.inputs),
+            Counter(self.outputs),
+            self.dead_letters,
+            Counter(self.verdicts),
+            Counter(self.anomalies),
+            self.redelivered,
+            self.quarantined,
+            self.late,
+        )
+
     #: inputs Kafka delivered again after a restart or rebalance whose effect the state
     #: already held: skipped, their outputs were published the first time
     redelivered: int = 0
@@ -105,6 +125,7 @@ class Processor:
         policies: dict[str, ap.ThresholdOverrides] | None = None,
         closed_retention: timedelta = timedelta(hours=24),
         orphan_after: timedelta = timedelta(hours=1),
+        max_kept_bytes: int = 512 * 1024,
         write_behind: bool = False,
         committed: Callable[[str, int], int | None] | None = None,
     ) -> None:
@@ -130,6 +151,8 @@ class Processor:
         self.operation_config = operation_config or ops.OperationConfig()
         self.thresholds_for = ap.threshold_resolver(policies, thresholds)
         self.closed_retention = closed_retention
+        #: a dead letter keeps its original key and value up to this many bytes together
+        self.max_kept_bytes = max_kept_bytes
         self.orphan_after = orphan_after
         self.clocks: dict[int, PartitionClock] = {}
         #: the clock of each partition as last stored (or restored): acknowledged records only
@@ -156,6 +179,9 @@ class Processor:
         self.held_by: Counter[tuple[str, int]] = Counter()
         self._seq = 0
         self._done: list[Any] = []
+        #: the input being applied, if any (set until it is applied, so after an exception it
+        #: names the input that raised it)
+        self.applying: Envelope | None = None
         self._rank = {name: i for i, name in enumerate(self.input_names)}
         self.counters = Counters()
         self._out = {
@@ -244,6 +270,7 @@ class Processor:
         the input topics interleave nor on where the ticks fall.
         """
         self.state.partition = env.partition
+        self.applying = None
         out = self._handle(env, token)
         for em in list(out):
             if isinstance(em.record, Anomaly):
@@ -298,6 +325,7 @@ class Processor:
         if watermark is not None and t < watermark:  # clock.is_late(t), its watermark cached
             # Behind the watermark: its time has been judged already. Applied at once (it is
             # still a fact); its effect shows from the next evaluated instant.
+            self.counters.late += 1
             self._apply(env, record, out)
             self._done.append(token)
         else:
@@ -312,6 +340,13 @@ class Processor:
         return out
 
     def _apply(self, env: Envelope, record: Record, out: list[Emission]) -> None:
+        # Left set if applying raises: the input the failure is about may be an event held
+        # earlier and released by the record being handled, which is not its cause.
+        self.applying = env
+        self._apply_record(env, record, out)
+        self.applying = None
+
+    def _apply_record(self, env: Envelope, record: Record, out: list[Emission]) -> None:
         execution_id: str = record.execution_id  # type: ignore[attr-defined]
         if self.committed is not None:
             position = (self._rank.get(env.topic, 0), env.partition, env.offset)
@@ -335,14 +370,16 @@ class Processor:
 
     # -- validation the core cannot do (it does not know keys or stream time) --------------
     def _check(self, env: Envelope, record: Record) -> AnomalyFinding | None:
-        key = env.key.decode(errors="replace") if env.key is not None else None
         fields = record.__dict__
         execution_id = fields.get("execution_id")
-        if key != execution_id:
+        # Bytes against bytes: a key that is not UTF-8 must not pass by being decoded lossily.
+        if execution_id is None or env.key != execution_id.encode(errors="surrogatepass"):
+            key = env.key.decode(errors="replace") if env.key is not None else None
             return AnomalyFinding(
                 AnomalyKind.KEY_MISMATCH,
-                f"Kafka key {key!r} differs from execution_id {execution_id!r}: the record may "
-                "sit in the wrong partition, away from the rest of its execution",
+                f"Kafka key {bounded_or_none(key)!r} differs from execution_id "
+                f"{bounded_or_none(execution_id)!r}: the record may sit in the wrong partition, "
+                "away from the rest of its execution",
             )
         for field_name in ("decision", "outcome"):
             if fields.get(field_name) == "UNRECOGNIZED":
@@ -700,9 +737,9 @@ class Processor:
                     "anomaly", env.topic, env.partition, env.offset, finding.kind
                 ),
                 kind=finding.kind,
-                reason=finding.reason,
-                execution_id=fields.get("execution_id"),
-                event_id=fields.get("event_id"),
+                reason=bounded(finding.reason, MAX_TEXT),
+                execution_id=bounded_or_none(fields.get("execution_id")),
+                event_id=bounded_or_none(fields.get("event_id")),
                 event_type=record.avro_name,
                 source_topic=env.topic,
                 source_partition=env.partition,
@@ -736,21 +773,59 @@ class Processor:
             )
         )
 
-    def _dead_letter(self, env: Envelope) -> Emission:
+    def _dead_letter(self, env: Envelope, reason: str | None = None) -> Emission:
         self.counters.dead_letters += 1
+        key, value = env.key, env.value
+        size = len(key or b"") + len(value or b"")
+        digest: str | None = None
+        if size > self.max_kept_bytes:
+            # Kept, the original would make the dead letter larger than the topic accepts, and
+            # the batch would fail for ever: its size, digest and coordinates say which it was.
+            digest = hashlib.sha256(value if value is not None else key or b"").hexdigest()
+            key = value = None
         rec = DeadLetter(
             dead_letter_id=deterministic_id("dlq", env.topic, env.partition, env.offset),
             source_topic=env.topic,
             source_partition=env.partition,
             source_offset=env.offset,
             source_timestamp=_ts(env) if env.timestamp_ms else None,
-            reason=env.error or "unknown",
-            original_key=env.key,
-            original_value=env.value,
+            reason=bounded(reason or env.error or "unknown", MAX_TEXT),
+            original_key=key,
+            original_value=value,
+            original_size=size if digest is not None else None,
+            original_sha256=digest,
         )
         self.counters.outputs[rec.avro_name] += 1
-        key = env.key.decode(errors="replace") if env.key is not None else None
-        return Emission(self.topics.dead_letters.name, key, rec)
+        return Emission(self.topics.dead_letters.name, _text_key(env.key), rec)
+
+    def quarantine(self, env: Envelope, reason: str, token: Any = None) -> list[Emission]:
+        """A record the worker failed on again and again (an exception in the core, an output
+        the broker refuses): set aside as a dead letter with the reason, and a CRITICAL alert,
+        so that its partition moves on. Never called by a replay: a record that fails there
+        fails the replay."""
+        self._done.append(token)
+        self.counters.quarantined += 1
+        dead = self._dead_letter(env, f"quarantined: {reason}")
+        record = dead.record
+        assert isinstance(record, DeadLetter)
+        alert = Alert(
+            alert_id=deterministic_id("alert", "QUARANTINED", record.dead_letter_id),
+            kind=AlertKind.ANOMALY,
+            status=AlertStatus.FIRING,
+            severity=Severity.CRITICAL,
+            execution_id=(_text_key(env.key) or "")[:MAX_TEXT],
+            subject_id=record.dead_letter_id,
+            verdict="QUARANTINED",
+            owner=Owner.OPERATOR,
+            next_step="inspect the record in the dead-letter topic; it was set aside, not applied",
+            evidence=(
+                "QUARANTINED",
+                record.reason,
+                f"{env.topic}/{env.partition}@{env.offset}",
+            ),
+            occurred_at=record.source_timestamp or _ts(env),
+        )
+        return [dead, self._emit(alert)]
 
     def partition_of(self, execution_id: str) -> int:
         partition = self._partitions.get(execution_id)
@@ -818,3 +893,26 @@ def _record_time(record: Record) -> datetime:
 
 def _ts(env: Envelope) -> datetime:
     return datetime.fromtimestamp((env.timestamp_ms or 0) / 1000, UTC)
+
+
+#: the longest text an anomaly or dead letter carries from its input (ids, reasons)
+MAX_TEXT = 1024
+
+
+def bounded(text: str, limit: int) -> str:
+    """``text`` itself when short enough, else its head and a digest of the whole: outputs
+    that quote their input stay far below what the output topics accept."""
+    if len(text) <= limit:
+        return text
+    digest = hashlib.sha256(text.encode(errors="surrogatepass")).hexdigest()[:32]
+    return f"{text[:200]}…[{len(text)} characters, sha256 {digest}]"
+
+
+def bounded_or_none(text: str | None) -> str | None:
+    return None if text is None else bounded(text, MAX_TEXT)
+
+
+def _text_key(key: bytes | None) -> str | None:
+    """A Kafka key as text for an output's key (lossy only for keys that are not UTF-8, which
+    the key check refuses anyway), bounded like every quoted input."""
+    return None if key is None else bounded(key.decode(errors="replace"), MAX_TEXT)

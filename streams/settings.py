@@ -109,6 +109,14 @@ class Settings:
     #: ``vigil_registry_unavailable_total``).
     registry_retry_max: timedelta = timedelta(seconds=30)
     registry_outage_alert: timedelta = timedelta(minutes=1)
+    #: VIGIL_MAX_RECORD_FAILURES — failed batches an input record may cause (an exception in
+    #: the core while it is applied, an output of it the broker refuses) before the worker
+    #: sets it aside as a dead letter with a CRITICAL alert and its partition moves on.
+    max_record_failures: int = 3
+    #: VIGIL_SESSION_TIMEOUT — the consumer group session: a worker silent for longer loses its
+    #: partitions, and a worker stopped for longer writes nothing until a heartbeat proves it
+    #: a member again (``agents/lease.py``).
+    session_timeout: timedelta = timedelta(seconds=30)
     #: KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
@@ -153,6 +161,10 @@ class Settings:
             max_held=int(_env("VIGIL_MAX_HELD", str(d.max_held))),  # type: ignore[arg-type]
             registry_retry_max=parse_duration(_env("VIGIL_REGISTRY_RETRY_MAX", "30s")),  # type: ignore[arg-type]
             registry_outage_alert=parse_duration(_env("VIGIL_REGISTRY_OUTAGE_ALERT", "1m")),  # type: ignore[arg-type]
+            max_record_failures=int(
+                _env("VIGIL_MAX_RECORD_FAILURES", str(d.max_record_failures))  # type: ignore[arg-type]
+            ),
+            session_timeout=parse_duration(_env("VIGIL_SESSION_TIMEOUT", "30s")),  # type: ignore[arg-type]
             security_protocol=_env("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),  # type: ignore[arg-type]
             sasl_mechanism=_env("KAFKA_SASL_MECHANISM"),
             sasl_username=_env("KAFKA_SASL_USERNAME"),

@@ -170,6 +170,8 @@ class DeadLetter(Record):
     reason: str
     original_key: bytes | None = None
     original_value: bytes | None = None
+    original_size: int | None = None
+    original_sha256: str | None = None
 
 
 OUTPUT_MODELS: tuple[type[Record], ...] = (
