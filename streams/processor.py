@@ -29,6 +29,7 @@ from streams.core import approvals as ap
 from streams.core import executions as ex
 from streams.core import operations as ops
 from streams.core.alerts import anomaly_alert, verdict_alerts
+from streams.core.bounds import out_of_domain
 from streams.core.clock import PartitionClock
 from streams.core.findings import AnomalyFinding
 from streams.core.ids import deterministic_id
@@ -309,7 +310,7 @@ class Processor:
         self.counters.inputs[record.avro_name] += 1
         if isinstance(record, ev.ClockTick):
             self._done.append(token)
-            refusal = self._check_time(env, record.occurred_at)
+            refusal = self._check_time(env, record.occurred_at) or out_of_domain(record)
             if refusal is not None:
                 out.append(self._anomaly(env, record, refusal))
                 return out
@@ -388,7 +389,7 @@ class Processor:
                     f"{record.avro_name}.{field_name} has a symbol this version does not know;"
                     " not applied (a decision vigil cannot read is not a decision)",
                 )
-        return self._check_time(env, record.occurred_at)  # type: ignore[attr-defined]
+        return self._check_time(env, record.occurred_at) or out_of_domain(record)  # type: ignore[attr-defined]
 
     def _check_time(self, env: Envelope, t: datetime) -> AnomalyFinding | None:
         """An event time vigil cannot place: before 1971, or more than ``max_future_skew``

@@ -78,7 +78,7 @@ REFERENCE = {
     "req-deploy": V.STUCK_AFTER_DECISION,
     "req-message": V.CLOSED_BY_DECLINE,
 }
-#: Each reference request fails exactly the proof its row in domain.md names.
+#: Each reference request fails exactly the proof its row in the reference audit names.
 REFERENCE_PROOFS = {
     "req-export": set(),
     "req-deletion": {Proof.CURRENT_ACTION},
@@ -150,7 +150,7 @@ def reasons(f: ApprovalFacts, at: datetime = AT, th: ThresholdSet = TH) -> set[t
 
 
 # ---------------------------------------------------------------------------------------------
-# The reference audit of domain.md, through the evaluator (the CLI pin is in test_audit.py)
+# The reference audit of the specification, through the evaluator (the CLI pin is in test_audit.py)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -507,7 +507,7 @@ def test_thresholds_refuse_negative_values() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Precedence, every combination of failed proofs (domain.md section 3)
+# Precedence, every combination of failed proofs
 # ---------------------------------------------------------------------------------------------
 
 _CURRENT = {"ok": {}, "expired": {"expires_at": mm(15)}, "digest": {"digests": [(15, "B")]}}
@@ -653,7 +653,7 @@ def any_facts(draw: st.DrawFn, unknown_times: bool = True) -> ApprovalFacts:
 
 
 def _oracle(f: ApprovalFacts, at: datetime, th: ThresholdSet) -> ApprovalVerdictCode:
-    """domain.md's precedence, spelled out again on known-time facts, independently."""
+    """The specification's precedence, spelled out again on known-time facts, independently."""
     req = f.request
     assert req is not None and req.requested_at is not None
     start = req.requested_at

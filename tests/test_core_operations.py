@@ -1,4 +1,4 @@
-"""The operations core (domain.md section 2): examples for every rule, then properties."""
+"""The operations core: examples for every rule, then properties."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ T0 = datetime(2026, 7, 26, 16, 0, tzinfo=UTC)
 CFG = OperationConfig()
 EXE = "exe-1"
 
-#: domain.md's table, written out independently of the implementation.
+#: the specification's table, written out independently of the implementation.
 TABLE = {
     S.PREPARED: RetryVerdict.NOTHING_SENT,
     S.SENT: RetryVerdict.WAIT,

@@ -1,4 +1,4 @@
-"""Approval waits: the four proofs, the verdict and its precedence (domain.md section 3).
+"""Approval waits: the four proofs, the verdict and its precedence.
 
 A pause for a human is valid only while four proofs hold (current action, verified route, live
 resume, consumed decision). This module keeps, per approval request, the *facts* seen so far and
@@ -72,11 +72,11 @@ _EARLIEST = datetime.min.replace(tzinfo=UTC)
 # Verdict vocabulary: owner, next safe step, severity
 # --------------------------------------------------------------------------------------------
 
-#: Owner and next safe step per verdict. The first six are domain.md's table verbatim; the four
-#: the project adds are chosen as follows: CLOSED_BY_CANCEL goes to the requester (it must not
-#: proceed, and only it can ask again); RESUMING and RESUMED belong to the runtime owner, whose
-#: run holds the next step (nobody needs to act); UNCERTAIN goes to the operator, because no
-#: party has failed yet — a proof is pending inside its deadline.
+#: Owner and next safe step per verdict. The first six are the specification's table verbatim; the
+#: four the project adds are chosen as follows: CLOSED_BY_CANCEL goes to the requester (it must not
+#: proceed, and only it can ask again); RESUMING and RESUMED belong to the runtime owner, whose run
+#: holds the next step (nobody needs to act); UNCERTAIN goes to the operator, because no party has
+#: failed yet — a proof is pending inside its deadline.
 VERDICT_GUIDANCE: Mapping[ApprovalVerdictCode, tuple[Owner, str]] = {
     V.WAITING: (
         Owner.APPROVER,
@@ -207,7 +207,7 @@ class _NonNegative(_Frozen):
 
 
 class ThresholdSet(_NonNegative):
-    """The three deadlines a verdict depends on, with domain.md's defaults."""
+    """The three deadlines a verdict depends on, with the specification's defaults."""
 
     grace: timedelta = timedelta(minutes=5)
     heartbeat_fresh: timedelta = timedelta(minutes=10)
@@ -272,8 +272,8 @@ class _TimedModel(_Frozen):
 
 
 class RequestPart(_TimedModel):
-    """What the ``ApprovalRequested`` event said. Only the minimum is kept (domain.md): route
-    reference, digest, handle reference and times — no raw request, no personal data.
+    """What the ``ApprovalRequested`` event said. Only the minimum is kept (as specified):
+    route reference, digest, handle reference and times — no raw request, no personal data.
 
     ``risk`` None means unknown and is judged like HIGH (the stricter route proof), as is
     UNRECOGNIZED: a route is not "verified" on a guess about the policy.
@@ -639,7 +639,7 @@ def _one_per_proof(findings: Iterable[ProofFinding]) -> tuple[ProofFinding, ...]
 
 
 def evaluate(facts: ApprovalFacts, at: datetime, thresholds: ThresholdSet) -> Evaluation:
-    """The verdict at ``at``, by domain.md's precedence, counting only facts up to ``at``.
+    """The verdict at ``at``, by the specification's precedence, counting only facts up to ``at``.
 
     1. decline → CLOSED_BY_DECLINE, cancel → CLOSED_BY_CANCEL (before expiry is looked at);
     2. accept → STALE_REQUEST if made after expiry or after the digest changed (or for another

@@ -1,4 +1,4 @@
-"""Stream time of one partition (domain.md section 4).
+"""Stream time of one partition.
 
 vigil never reads a clock to decide. Time moves only when records arrive: input events carry the
 time they happened, and a ticker writes clock ticks (wall-clock time as *data*) into every

@@ -1,4 +1,4 @@
-"""The in-flight execution state machine (domain.md section 1).
+"""The in-flight execution state machine.
 
 The shell keeps one ``Slot`` per execution id in a table and hands every
 ``ExecutionStatusChanged`` to ``apply_status``. The core answers with the new slot, the state to
@@ -70,7 +70,7 @@ LEGAL_TRANSITIONS: frozenset[tuple[ExecutionStatus, ExecutionStatus]] = frozense
 
 
 def is_legal(from_status: ExecutionStatus, to_status: ExecutionStatus) -> bool:
-    """Whether domain.md section 1 allows ``from_status → to_status``.
+    """Whether the execution lifecycle allows ``from_status → to_status``.
 
     Loops are legal, nothing leaves a terminal state, and the same status again is not a
     transition at all (``apply_status`` reports it as a duplicate).

@@ -1,4 +1,4 @@
-"""Operation effect tracking (domain.md section 2): did an effect happen in the outside world?
+"""Operation effect tracking: did an effect happen in the outside world?
 
 The shell keeps one ``OperationBook`` per execution id (JSON in a table; all of an execution's
 operations share its partition) and calls:
@@ -72,8 +72,8 @@ SETTLED: frozenset[OperationStatus] = frozenset({S.VERIFIED, S.FAILED, S.CANCELL
 RECONCILIATION: frozenset[OperationStatus] = frozenset({S.UNKNOWN, S.RECONCILING, S.MANUAL_REVIEW})
 #: The request was handed to the connector and the outcome is not settled.
 IN_FLIGHT: frozenset[OperationStatus] = frozenset({S.SENT, S.ACKNOWLEDGED}) | RECONCILIATION
-#: A new send while another attempt is in one of these risks a duplicate effect. domain.md lists
-#: the in-flight ones; VERIFIED is added because a resend after a confirmed effect *is* a
+#: A new send while another attempt is in one of these risks a duplicate effect. The specification
+#: lists the in-flight ones; VERIFIED is added because a resend after a confirmed effect *is* a
 #: duplicate effect (unless the connector honours the idempotency key, which we cannot see).
 BLOCKS_RETRY: frozenset[OperationStatus] = IN_FLIGHT | {S.VERIFIED}
 #: Statuses an attempt may enter more than once (a reviewer hands back to the reconciler).
@@ -119,8 +119,8 @@ _RESTRICTION: Mapping[RetryVerdict, int] = {
 
 
 def retry_verdict(status: OperationStatus) -> RetryVerdict:
-    """domain.md's retry column. A status this build cannot read (UNRECOGNIZED) answers
-    FORBIDDEN: when in doubt, the safe answer is not to send again."""
+    """The retry column of the operation status table. A status this build cannot read
+    (UNRECOGNIZED) answers FORBIDDEN: when in doubt, the safe answer is not to send again."""
     return _RETRY.get(status, RetryVerdict.FORBIDDEN)
 
 
