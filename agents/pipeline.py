@@ -287,6 +287,15 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
                 if await seek(tp, want):
                     guard.seeks += 1
 
+    @app.timer(interval=settings.state_gauges_interval.total_seconds())
+    async def count_state() -> None:
+        """The open-work gauges, counted in a worker thread (``streams/state_gauges.py``)."""
+        await survive_round(
+            "the state gauges",
+            lambda: metrics.gauges.refresh(executions),
+            metrics.watchdog_failures.inc,
+        )
+
     @contextlib.contextmanager
     def in_partition(message: Any) -> Iterator[None]:
         # A Faust table writes to the changelog partition of the event being processed.

@@ -1,8 +1,9 @@
 """Prometheus metrics of a worker, collected at scrape time.
 
 Counters live in ``Processor.counters`` (plain integers, no locking on the hot path); gauges
-of open work are computed from the local tables when Prometheus scrapes, so processing pays
-nothing for them. The latency histogram is observed as outputs are sent.
+of open work are counted off the event loop (``streams/state_gauges.py``), so neither
+processing nor a scrape pays for decoding the tables. The latency histogram is observed as
+outputs are sent.
 """
 
 from __future__ import annotations
@@ -13,11 +14,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from streams.core import approvals as ap
-from streams.core import operations as ops
-from streams.models.enums import OperationStatus
 from streams.offsets import OffsetGuard
 from streams.processor import Processor
+from streams.state_gauges import StateGauges
 
 
 class VigilCollector:
@@ -26,10 +25,12 @@ class VigilCollector:
         processor: Processor,
         lag: Callable[[], dict[tuple[str, int], int]],
         guard: OffsetGuard | None = None,
+        gauges: StateGauges | None = None,
     ):
         self.processor = processor
         self.lag = lag
         self.guard = guard
+        self.gauges = gauges or StateGauges()
 
     def collect(self) -> Iterator[Any]:
         c = self.processor.counters
@@ -87,35 +88,29 @@ class VigilCollector:
             anomalies.add_metric([str(kind)], n)
         yield anomalies
 
-        stores = self.processor
+        counts = self.gauges.counts
         inflight = GaugeMetricFamily("vigil_executions_in_flight", "Executions in flight")
-        inflight.add_metric([], len(stores.inflight))
+        inflight.add_metric([], counts.in_flight)
         yield inflight
-        unknown = work = 0
-        for value in list(stores.operations.values()):
-            book = ops.OperationBook.model_validate_json(value)
-            for op in book.operations.values():
-                for rec in op.attempts.values():
-                    unknown += rec.status == OperationStatus.UNKNOWN
-                    work += rec.work_item_id is not None
         g = GaugeMetricFamily("vigil_operations_unknown", "Operations whose outcome is UNKNOWN")
-        g.add_metric([], unknown)
+        g.add_metric([], counts.operations_unknown)
         yield g
         g = GaugeMetricFamily("vigil_work_items_open", "Open reconciliation work items")
-        g.add_metric([], work)
+        g.add_metric([], counts.work_items_open)
         yield g
-        by_verdict: dict[str, int] = {}
-        for value in list(stores.approvals.values()):
-            book = ap.ApprovalBook.model_validate_json(value)
-            for rid in ap.open_request_ids(book):
-                last = book.last_verdicts.get(rid)
-                key = str(last.verdict) if last else "UNJUDGED"
-                by_verdict[key] = by_verdict.get(key, 0) + 1
         g = GaugeMetricFamily(
             "vigil_approvals_open", "Open approval requests by verdict", labels=["verdict"]
         )
-        for v, n in sorted(by_verdict.items()):
+        for v, n in counts.approvals_open:
             g.add_metric([v], n)
+        yield g
+        age = self.gauges.age()
+        g = GaugeMetricFamily(
+            "vigil_state_gauges_age_seconds",
+            "Age of the open-work gauges above (counted off the event loop every "
+            "VIGIL_STATE_GAUGES_INTERVAL; -1 before the first count)",
+        )
+        g.add_metric([], -1.0 if age is None else age)
         yield g
         lag = GaugeMetricFamily(
             "vigil_consumer_lag", "Records behind the log end", labels=["topic", "partition"]
@@ -133,7 +128,8 @@ class Metrics:
         guard: OffsetGuard | None = None,
     ):
         self.registry = CollectorRegistry()
-        self.registry.register(VigilCollector(processor, lag, guard))  # type: ignore[arg-type]
+        self.gauges = StateGauges()
+        self.registry.register(VigilCollector(processor, lag, guard, self.gauges))  # type: ignore[arg-type]
         self.latency = Histogram(
             "vigil_processing_latency_seconds",
             "From an input record's timestamp to the send of its outputs (for live traffic, "

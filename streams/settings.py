@@ -117,6 +117,10 @@ class Settings:
     #: partitions, and a worker stopped for longer writes nothing until a heartbeat proves it
     #: a member again (``agents/lease.py``).
     session_timeout: timedelta = timedelta(seconds=30)
+    #: VIGIL_STATE_GAUGES_INTERVAL — how often the open-work gauges of /metrics (executions in
+    #: flight, UNKNOWN operations, open work items and approvals) are counted, off the event
+    #: loop; a scrape reads the last count (``vigil_state_gauges_age_seconds``).
+    state_gauges_interval: timedelta = timedelta(seconds=10)
     #: KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
@@ -165,6 +169,7 @@ class Settings:
                 _env("VIGIL_MAX_RECORD_FAILURES", str(d.max_record_failures))  # type: ignore[arg-type]
             ),
             session_timeout=parse_duration(_env("VIGIL_SESSION_TIMEOUT", "30s")),  # type: ignore[arg-type]
+            state_gauges_interval=parse_duration(_env("VIGIL_STATE_GAUGES_INTERVAL", "10s")),  # type: ignore[arg-type]
             security_protocol=_env("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),  # type: ignore[arg-type]
             sasl_mechanism=_env("KAFKA_SASL_MECHANISM"),
             sasl_username=_env("KAFKA_SASL_USERNAME"),
