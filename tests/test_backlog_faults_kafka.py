@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
 
-from agents.pipeline import _committed_offsets
 from streams.clients import ConsumedRecord
 from streams.models.base import Record
 from tests.support import Deployment, deployment, kill_hard, play, worker
@@ -73,7 +73,6 @@ def seeded(name: str) -> random.Random:
 class Backlog:
     dep: Deployment
     expected: dict[str, Record]
-    records: int
 
 
 class Backfill(Feeder):
@@ -95,23 +94,51 @@ def backlog(cluster: Any, tmp_path: Path, partitions: int) -> Backlog:
     feeder.start()
     expected = offline(steps, dep.settings)
     feeder.finish()
-    return Backlog(dep, expected, sum(input_ends(dep).values()))
+    return Backlog(dep, expected)
 
 
-def input_ends(dep: Deployment) -> dict[tuple[str, int], int]:
-    tps = [(t.name, p) for t in dep.topics.inputs() for p in range(t.partitions)]
-    c = Consumer(dep.settings.confluent_conf() | {"group.id": f"{dep.settings.app_id}-ends"})
-    try:
-        return {tp: c.get_watermark_offsets(TopicPartition(*tp), timeout=10)[1] for tp in tps}
-    finally:
-        c.close()
+class Progress:
+    """How far the drain is: records of the execution-status topic the group has acknowledged
+    (committed). That topic sets the watermark (the others are read ahead of it and wait), so
+    its committed offsets move with the drain; the others' jump when held events are released."""
+
+    def __init__(self, dep: Deployment) -> None:
+        self.app_id = dep.settings.app_id
+        topic = dep.topics.execution_status.name
+        c = Consumer(dep.settings.confluent_conf() | {"group.id": f"{self.app_id}-ends"})
+        try:
+            self.ends = {
+                (topic, p): c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in range(dep.settings.partitions)
+            }
+        finally:
+            c.close()
+        self.records = sum(self.ends.values())
+        self.admin = AdminClient(dep.settings.confluent_conf())
+
+    def acknowledged(self) -> int:
+        tps = [TopicPartition(*tp) for tp in self.ends]
+        request = ConsumerGroupTopicPartitions(self.app_id, tps)
+        result = self.admin.list_consumer_group_offsets([request])[self.app_id].result(30)
+        return sum(max(tp.offset, 0) for tp in result.topic_partitions)
+
+    def reach(self, n: int, procs: list[subprocess.Popen[bytes]], timeout: float = 25) -> int:
+        """Wait until ``n`` records are acknowledged (or ``timeout``, or a worker died)."""
+        deadline = time.monotonic() + timeout
+        while (done := self.acknowledged()) < n:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                break
+            time.sleep(0.2)
+        return done
 
 
-def unacknowledged(dep: Deployment) -> int:
-    """Input records past the group's committed offsets: what is left to drain."""
-    ends = input_ends(dep)
-    committed = _committed_offsets(dep.settings, list(ends))
-    return sum(end - committed[tp] for tp, end in ends.items())
+def kill_points(rng: random.Random, records: int) -> list[tuple[int, float]]:
+    """Where to kill: after so many execution-status records are acknowledged (over the first
+    60 % of the backlog, sorted; one a restarted worker has already passed is met at once),
+    and a further 0 to 1.5 s, so that the kill falls anywhere in a batch: while it is read or
+    processed, while its outputs or its state are sent, before its acknowledgement."""
+    targets = sorted(int(rng.uniform(0.0, 0.6) * records) for _ in range(KILLS))
+    return [(t, rng.uniform(0.0, 1.5)) for t in targets]
 
 
 class HeldProbe:
@@ -152,62 +179,60 @@ def check(got: list[ConsumedRecord], expected: dict[str, Record]) -> None:
 
 
 def test_one_worker_killed_at_random_points_while_draining(cluster, tmp_path: Path) -> None:
-    """kill -9 of the only worker at ten random points of the drain (0.05 to 5 s after it is
-    ready: before its first batch, in the middle of one, between its state write and its
-    acknowledgement), each time restarted on the same data dir; the last one drains the rest."""
+    """kill -9 of the only worker at ten random points of the drain (``kill_points``), each
+    time restarted on the same data dir; the last one drains the rest."""
     rng = seeded("one worker")
     b = backlog(cluster, tmp_path, partitions=3)
+    progress = Progress(b.dep)
     probe = HeldProbe()
     began = time.monotonic()
     with contextlib.ExitStack() as stack:
-        for n in range(KILLS):
+        for n, (target, delay) in enumerate(kill_points(rng, progress.records), 1):
             w = start(b.dep, "data", stack)
             probe.watch(w)
-            delay = rng.uniform(0.05, 5.0)
+            done = progress.reach(target, [w])
             time.sleep(delay)
             kill_hard(w)
-            print(f"kill {n + 1} {delay:.2f}s after ready, at {time.monotonic() - began:.0f}s")
-        left = unacknowledged(b.dep)
-        print(f"{left} of {b.records} input records left after the kills")
-        assert left > 0, "the backlog was drained before the last kill: make it longer"
+            left = progress.records - progress.acknowledged()
+            print(f"kill {n}: {done} acknowledged + {delay:.2f}s, {left} left, {since(began)}")
+        assert left > 0, "the backlog was drained before the last kill"
         w = start(b.dep, "data", stack)
         probe.watch(w)
         got = until_complete(b.dep, b.expected)
         assert w.poll() is None
     probe.stop()
-    print(f"at most {probe.max_held:.0f} events held; {time.monotonic() - began:.0f}s")
+    print(f"at most {probe.max_held:.0f} events held; {since(began)}")
     assert probe.max_held >= 1000, "too few events were held for the watermark to test this"
     check(got, b.expected)
 
 
 def test_either_of_two_workers_killed_at_random_points(cluster, tmp_path: Path) -> None:
     """Two workers share the backlog; ten times one of them, chosen at random, is killed -9 at
-    a random point (0.3 to 3 s after the group settled) and restarted on its own data dir,
-    while the other goes on."""
+    a random point (``kill_points``) and restarted on its own data dir, while the other goes
+    on."""
     rng = seeded("two workers")
     b = backlog(cluster, tmp_path, partitions=4)
+    progress = Progress(b.dep)
     probe = HeldProbe()
     began = time.monotonic()
     with contextlib.ExitStack() as stack:
         workers = {name: start(b.dep, name, stack) for name in ("a", "b")}
         for w in workers.values():
             probe.watch(w)
-        for n in range(KILLS):
-            delay = rng.uniform(0.3, 3.0)
+        for n, (target, delay) in enumerate(kill_points(rng, progress.records), 1):
+            done = progress.reach(target, list(workers.values()))
             time.sleep(delay)
             name = rng.choice(sorted(workers))
             kill_hard(workers[name])
-            at = time.monotonic() - began
-            print(f"kill {n + 1}: {name} {delay:.2f}s after ready, at {at:.0f}s")
+            left = progress.records - progress.acknowledged()
+            print(f"kill {n}: {name}, {done} acknowledged + {delay:.2f}s, {left} left")
             workers[name] = start(b.dep, name, stack)
             probe.watch(workers[name])
-        left = unacknowledged(b.dep)
-        print(f"{left} of {b.records} input records left after the kills")
-        assert left > 0, "the backlog was drained before the last kill: make it longer"
+        assert left > 0, "the backlog was drained before the last kill"
         got = until_complete(b.dep, b.expected)
         assert all(w.poll() is None for w in workers.values())
     probe.stop()
-    print(f"at most {probe.max_held:.0f} events held; {time.monotonic() - began:.0f}s")
+    print(f"at most {probe.max_held:.0f} events held; {since(began)}")
     assert probe.max_held >= 1000, "too few events were held for the watermark to test this"
     check(got, b.expected)
 
@@ -218,22 +243,29 @@ def test_worker_paused_past_its_session_publishes_nothing_extra(cluster, tmp_pat
     must not publish what it computed from partitions it no longer owns."""
     rng = seeded("zombie")
     b = backlog(cluster, tmp_path, partitions=4)
+    progress = Progress(b.dep)
     began = time.monotonic()
     with contextlib.ExitStack() as stack:
         first = start(b.dep, "a", stack)
         zombie = start(b.dep, "b", stack)
         settled([first, zombie], b.dep)
-        time.sleep(rng.uniform(0.3, 2.0))
+        progress.reach(int(rng.uniform(0.05, 0.3) * progress.records), [first, zombie])
+        time.sleep(rng.uniform(0.0, 1.5))
         os.killpg(zombie.pid, signal.SIGSTOP)
         try:
             stopped = time.monotonic()
-            settled([first], b.dep)  # the session expired: a holds every partition
-            time.sleep(rng.uniform(2.0, 5.0))  # and is past where b stood
+            settled([first], b.dep)  # b's session expired: a holds every partition
+            time.sleep(rng.uniform(2.0, 5.0))  # and reads them past where b stood
             print(f"b stopped for {time.monotonic() - stopped:.1f}s")
         finally:
             os.killpg(zombie.pid, signal.SIGCONT)
-        assert unacknowledged(b.dep) > 0, "the backlog was drained before b continued"
+        left = progress.records - progress.acknowledged()
+        assert left > 0, "the backlog was drained before b continued"
         got = until_complete(b.dep, b.expected)
         assert first.poll() is None and zombie.poll() is None
-    print(f"{time.monotonic() - began:.0f}s")
+    print(f"{left} execution-status records left when b continued; {since(began)}")
     check(got, b.expected)
+
+
+def since(began: float) -> str:
+    return f"at {time.monotonic() - began:.0f}s"
