@@ -128,6 +128,16 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     # processor asks for them for every position an entry holds, so they are read once per
     # batch. An older value is a lower one, which only keeps a position longer.
     committed_now: dict[tuple[str, int], int | None] = {}
+    #: offsets the broker has confirmed committed: read from it when a partition is first
+    #: seen (``guard.start``), then every commit Faust reports as done. Not Faust's own
+    #: ``_committed_offset``, which it advances even when a commit failed (a rebalance in
+    #: progress): an entry would then forget positions Kafka delivers again, and a re-read
+    #: input would be judged a DUPLICATE or AFTER_TERMINAL anomaly.
+    confirmed: dict[tuple[str, int], int] = {}
+
+    def confirm(tp: tuple[str, int], offset: int) -> None:
+        if offset >= 0 and offset > confirmed.get(tp, -1):
+            confirmed[tp] = offset
 
     def committed(topic: str, partition: int) -> int | None:
         return committed_now.get((topic, partition))
@@ -199,6 +209,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         arrived[tp] = time.monotonic()
         if not guard.knows(tp):
             start = await asyncio.to_thread(_committed_offsets, settings, [tp])
+            confirm(tp, start[tp])
             guard.start(tp, start[tp])
         check = guard.check(tp, msg.offset, retry=time.monotonic() - last_seek.get(tp, 0) > 1)
         if check in (Check.NEXT, Check.AGAIN):
@@ -269,6 +280,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         if rebalances[0] != generation:
             return
         for key, offset in starts.items():
+            confirm(key, offset)
             if not guard.knows(key):
                 guard.start(key, offset)
         for tp in idle:
@@ -313,9 +325,8 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
             return  # fetched before a rebalance: it comes again to the partition's owner
         consumer = app.consumer
         committed_now.clear()
-        committed_now.update(
-            ((tp.topic, tp.partition), offset) for tp, offset in consumer._committed_offset.items()
-        )
+        committed_now.update(confirmed)
+        watch_commits(consumer, confirm)
         assignment = consumer.assignment()
         # where the guard starts: the committed offsets of the partitions it has not seen yet,
         # asked in one request (one request per partition cost seconds after a rebalance)
@@ -329,6 +340,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
             if rebalances[0] != generation:
                 return
             for key, offset in starts.items():
+                confirm(key, offset)
                 if not guard.knows(key):
                     guard.start(key, offset)
         # schemas not seen yet are asked of the registry in a thread, not on the event loop
@@ -624,6 +636,25 @@ def tune_fetch(consumer: Any, min_bytes: int, max_wait_ms: int) -> None:
         return kafka_consumer
 
     thread._create_worker_consumer = _create_worker_consumer
+
+
+def watch_commits(consumer: Any, confirm: Callable[[tuple[str, int], int], None]) -> None:
+    """Report every commit of Faust's ``consumer`` the broker accepted to ``confirm``
+    (once per consumer: the wrapper marks itself). Faust's ``_commit_offsets`` calls
+    ``_commit`` and records the offsets as committed whatever it returned."""
+    original = getattr(consumer, "_commit", None)
+    if original is None or getattr(original, "_vigil_confirms", False):
+        return
+
+    async def _commit(offsets: Any) -> bool:
+        done = await original(offsets)
+        if done:
+            for tp, offset in offsets.items():
+                confirm((tp.topic, tp.partition), offset)
+        return bool(done)
+
+    _commit._vigil_confirms = True  # type: ignore[attr-defined]
+    consumer._commit = _commit
 
 
 def watch_membership(consumer: Any, lease: MembershipLease) -> None:
