@@ -10,6 +10,9 @@ hours: one global threshold would turn both into false alarms or missed ones. Th
      "connectors": {"sms": {"reply_timeout": "10s", "verify_timeout": "2m"}}}
 
 Durations take the forms of ``streams.durations.parse_duration``; every field is optional.
+Each is bounded as the durations records carry are (``streams.core.bounds``): at most 365
+days, never negative, and a connector timeout more than zero; one outside is refused at load
+with the file, the entry and the field named, as are the defaults passed in.
 """
 
 from __future__ import annotations
@@ -18,22 +21,34 @@ import json
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from streams.core.approvals import ThresholdOverrides, ThresholdSet
+from streams.core.bounds import duration_problem
 from streams.core.operations import OperationConfig
 from streams.durations import parse_duration
 
 
 class _Durations(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    #: fields that must be more than zero (the core needs a positive operation timeout)
+    positive_fields: ClassVar[frozenset[str]] = frozenset()
 
     @field_validator("*", mode="before")
     @classmethod
-    def _parse(cls, value: Any) -> Any:
-        return parse_duration(str(value)) if value is not None else None
+    def _parse(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return None
+        try:
+            duration = parse_duration(str(value))
+        except OverflowError as exc:  # digits beyond what a timedelta holds
+            raise ValueError(f"{value!r} is beyond any usable duration") from exc
+        problem = duration_problem(duration, positive=info.field_name in cls.positive_fields)
+        if problem is not None:
+            raise ValueError(f"{value!r} {problem}")
+        return duration
 
 
 class _ApprovalPolicy(_Durations):
@@ -43,6 +58,7 @@ class _ApprovalPolicy(_Durations):
 
 
 class _Connector(_Durations):
+    positive_fields: ClassVar[frozenset[str]] = frozenset({"reply_timeout", "verify_timeout"})
     reply_timeout: timedelta | None = None
     verify_timeout: timedelta | None = None
 
@@ -74,6 +90,17 @@ def load_policies(
     verify_timeout: timedelta,
 ) -> Policies:
     """Defaults from settings, refined per action policy and per connector by the file."""
+    defaults = dict(
+        grace=grace,
+        heartbeat_fresh=heartbeat_fresh,
+        delivery_deadline=delivery_deadline,
+        reply_timeout=reply_timeout,
+        verify_timeout=verify_timeout,
+    )
+    for name, value in defaults.items():
+        problem = duration_problem(value, positive=name in _Connector.positive_fields)
+        if problem is not None:
+            raise PolicyError(f"default {name} = {value} {problem}")
     parsed = _PolicyFile()
     if path:
         try:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from streams.core.bounds import duration_problem
 from streams.durations import parse_duration
 
 if TYPE_CHECKING:
@@ -24,6 +25,37 @@ SECRET_FIELDS = frozenset({"sasl_password", "registry_basic_auth", "api_token"})
 def _env(name: str, default: str | None = None) -> str | None:
     value = os.environ.get(name)
     return value if value not in (None, "") else default
+
+
+class SettingsError(ValueError):
+    """A setting is unusable; the message names its variable."""
+
+
+#: The durations the core adds to event times, with their variables, and whether zero is
+#: refused (the core needs a positive operation timeout). Each is bounded like the durations
+#: records carry (``streams.core.bounds``), so no sum of a time and a setting leaves the
+#: range of dates the core computes with.
+DOMAIN_DURATIONS = {
+    "closed_retention": ("VIGIL_CLOSED_RETENTION", False),
+    "grace": ("VIGIL_GRACE", False),
+    "heartbeat_fresh": ("VIGIL_HEARTBEAT_FRESH", False),
+    "delivery_deadline": ("VIGIL_DELIVERY_DEADLINE", False),
+    "reply_timeout": ("VIGIL_REPLY_TIMEOUT", True),
+    "verify_timeout": ("VIGIL_VERIFY_TIMEOUT", True),
+    "orphan_after": ("VIGIL_ORPHAN_AFTER", False),
+    "max_future_skew": ("VIGIL_MAX_FUTURE_SKEW", False),
+}
+
+
+def _duration(variable: str, default: str) -> timedelta:
+    """The duration in ``variable``; a text that is none, or too large even for a timedelta,
+    is refused naming the variable."""
+    text = _env(variable, default)
+    assert text is not None
+    try:
+        return parse_duration(text)
+    except (ValueError, OverflowError) as exc:
+        raise SettingsError(f"{variable}: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -129,6 +161,13 @@ class Settings:
     #: SCHEMA_REGISTRY_BASIC_AUTH — "user:secret"
     registry_basic_auth: str | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        for name, (variable, positive) in DOMAIN_DURATIONS.items():
+            value = getattr(self, name)
+            problem = duration_problem(value, positive=positive)
+            if problem is not None:
+                raise SettingsError(f"{variable} ({name}) = {value} {problem}")
+
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
         d = cls()
@@ -144,24 +183,24 @@ class Settings:
             data_dir=_env("VIGIL_DATA_DIR", d.data_dir),  # type: ignore[arg-type]
             web_host=_env("VIGIL_WEB_HOST", d.web_host),  # type: ignore[arg-type]
             web_port=int(_env("VIGIL_WEB_PORT", str(d.web_port))),  # type: ignore[arg-type]
-            tick_interval=parse_duration(_env("VIGIL_TICK_INTERVAL", "1s")),  # type: ignore[arg-type]
+            tick_interval=_duration("VIGIL_TICK_INTERVAL", "1s"),
             retention_ms=int(_env("VIGIL_RETENTION_MS", "-1")),  # type: ignore[arg-type]
-            closed_retention=parse_duration(_env("VIGIL_CLOSED_RETENTION", "24h")),  # type: ignore[arg-type]
-            grace=parse_duration(_env("VIGIL_GRACE", "5m")),  # type: ignore[arg-type]
-            heartbeat_fresh=parse_duration(_env("VIGIL_HEARTBEAT_FRESH", "10m")),  # type: ignore[arg-type]
-            delivery_deadline=parse_duration(_env("VIGIL_DELIVERY_DEADLINE", "5m")),  # type: ignore[arg-type]
-            reply_timeout=parse_duration(_env("VIGIL_REPLY_TIMEOUT", "30s")),  # type: ignore[arg-type]
-            verify_timeout=parse_duration(_env("VIGIL_VERIFY_TIMEOUT", "5m")),  # type: ignore[arg-type]
+            closed_retention=_duration("VIGIL_CLOSED_RETENTION", "24h"),
+            grace=_duration("VIGIL_GRACE", "5m"),
+            heartbeat_fresh=_duration("VIGIL_HEARTBEAT_FRESH", "10m"),
+            delivery_deadline=_duration("VIGIL_DELIVERY_DEADLINE", "5m"),
+            reply_timeout=_duration("VIGIL_REPLY_TIMEOUT", "30s"),
+            verify_timeout=_duration("VIGIL_VERIFY_TIMEOUT", "5m"),
             policies_file=_env("VIGIL_POLICIES_FILE"),
-            orphan_after=parse_duration(_env("VIGIL_ORPHAN_AFTER", "1h")),  # type: ignore[arg-type]
-            max_future_skew=parse_duration(_env("VIGIL_MAX_FUTURE_SKEW", "1h")),  # type: ignore[arg-type]
+            orphan_after=_duration("VIGIL_ORPHAN_AFTER", "1h"),
+            max_future_skew=_duration("VIGIL_MAX_FUTURE_SKEW", "1h"),
             api_token=_env("VIGIL_API_TOKEN"),
             sse_keepalive=float(_env("VIGIL_SSE_KEEPALIVE", "15")),  # type: ignore[arg-type]
             batch_size=int(_env("VIGIL_BATCH_SIZE", str(d.batch_size))),  # type: ignore[arg-type]
-            batch_wait=parse_duration(_env("VIGIL_BATCH_WAIT", "20ms")),  # type: ignore[arg-type]
+            batch_wait=_duration("VIGIL_BATCH_WAIT", "20ms"),
             fetch_bytes=int(_env("VIGIL_FETCH_BYTES", str(d.fetch_bytes))),  # type: ignore[arg-type]
             fetch_min_bytes=int(_env("VIGIL_FETCH_MIN_BYTES", str(d.fetch_min_bytes))),  # type: ignore[arg-type]
-            fetch_max_wait=parse_duration(_env("VIGIL_FETCH_MAX_WAIT", "25ms")),  # type: ignore[arg-type]
+            fetch_max_wait=_duration("VIGIL_FETCH_MAX_WAIT", "25ms"),
             max_held=int(_env("VIGIL_MAX_HELD", str(d.max_held))),  # type: ignore[arg-type]
             registry_retry_max=parse_duration(_env("VIGIL_REGISTRY_RETRY_MAX", "30s")),  # type: ignore[arg-type]
             registry_outage_alert=parse_duration(_env("VIGIL_REGISTRY_OUTAGE_ALERT", "1m")),  # type: ignore[arg-type]

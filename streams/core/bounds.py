@@ -28,7 +28,8 @@ that falls outside these bounds is reported as an anomaly and not applied:
 
 The configured durations (thresholds, per-connector timeouts, retentions, the future skew) get
 the same ``MAX_DURATION`` bound where they are loaded (``streams.settings``,
-``streams.policies``), so the core never adds more than that to a time.
+``streams.policies``), so the core never adds more than that to a time, and must be whole
+milliseconds (``duration_problem``), the unit deadlines are scheduled and published in.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 #: The longest duration a record or the configuration may give (inclusive).
 MAX_DURATION = timedelta(days=365)
 MAX_SECONDS = int(MAX_DURATION.total_seconds())
+_MS = timedelta(milliseconds=1)
 
 #: The time fields of every input record type (the contracts' ``timestamp-millis`` fields).
 TIME_FIELDS: dict[type[Record], tuple[str, ...]] = {
@@ -81,14 +83,19 @@ def time_in_domain(t: datetime) -> bool:
 
 
 def duration_problem(value: timedelta, *, positive: bool = False) -> str | None:
-    """Why a duration is unusable (negative, zero where it must be ``positive``, beyond
-    ``MAX_DURATION``), or None. Shared by the record check and the configuration loaders."""
+    """Why a configured duration is unusable (negative, zero where it must be ``positive``,
+    beyond ``MAX_DURATION``, a fraction of a millisecond), or None. For the configuration
+    loaders; a record's durations are whole seconds, checked by ``out_of_domain``."""
     if value < timedelta(0):
         return "is negative"
     if positive and value == timedelta(0):
         return "is zero, and must be positive"
     if value > MAX_DURATION:
         return f"is beyond the bound of {MAX_DURATION.days} days"
+    if value % _MS:
+        # deadlines are kept and published in milliseconds: one between two of them would
+        # fall due at a millisecond before it, forever
+        return "is not a whole number of milliseconds"
     return None
 
 
