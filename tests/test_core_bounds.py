@@ -461,7 +461,7 @@ def run_through_the_core(
 
 
 @settings(
-    max_examples=150,
+    max_examples=400,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -476,8 +476,8 @@ def test_whatever_is_accepted_the_core_processes_without_raising(
     """Records accepted by ``out_of_domain`` (drawn with extreme times and durations, over the
     schema's whole long range), under any configuration inside the settings' bounds, go
     through the processor, and time then moves to the latest accepted instant: nothing raises,
-    every output can be written with its contract, and every record is applied but those at
-    the very last instant (still waiting for the watermark to pass them)."""
+    every output can be written with its contract, and no record waits but those at the very
+    last instant (for a watermark past them)."""
     proc = Processor(TOPICS, Stores(), **config)
     with no_stall(seconds=5):
         taken, out = run_through_the_core(
@@ -485,7 +485,9 @@ def test_whatever_is_accepted_the_core_processes_without_raising(
         )
     for record in out:
         _publishable(record)
-    assert proc.held() == sum(1 for r in taken if r.occurred_at >= LATEST - MS)  # type: ignore[attr-defined]
+    # nothing before the last watermark is left waiting (some may have been refused instead)
+    last = sum(1 for r in taken if r.occurred_at >= LATEST - MS)  # type: ignore[attr-defined]
+    assert proc.held() <= last
 
 
 # -- configuration: the same bounds where it is loaded ----------------------------------------
