@@ -54,6 +54,7 @@ from streams.topics import Topics
 
 EARLIEST_PLAUSIBLE = datetime(1971, 1, 1, tzinfo=UTC)
 ONE_MS = timedelta(milliseconds=1)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 Store = MutableMapping[str, Any]
 
 
@@ -681,7 +682,7 @@ class Processor:
             keys = set()
             while heap and heap[0][0] == next_due:
                 keys.add(heapq.heappop(heap)[1])
-            at = datetime.fromtimestamp(next_due / 1000, UTC)
+            at = EPOCH + next_due * ONE_MS
             for key in sorted(keys):
                 self._advance_key(key, at, out)
 
@@ -883,17 +884,20 @@ def _dump_json_lean(model: Any) -> str:
 
 
 def _ms(t: datetime) -> int:
-    return int(t.timestamp() * 1000)
+    """Epoch milliseconds, exactly: ``int(t.timestamp() * 1000)`` goes through a float and
+    gives the millisecond before for some times, and a deadline scheduled a millisecond early
+    was judged short of itself and scheduled again, for ever."""
+    return (t - EPOCH) // ONE_MS
 
 
 def _record_time(record: Record) -> datetime:
     ms = record_time_ms(record)
     assert ms is not None
-    return datetime.fromtimestamp(ms / 1000, UTC)
+    return EPOCH + ms * ONE_MS
 
 
 def _ts(env: Envelope) -> datetime:
-    return datetime.fromtimestamp((env.timestamp_ms or 0) / 1000, UTC)
+    return EPOCH + (env.timestamp_ms or 0) * ONE_MS
 
 
 #: the longest text an anomaly or dead letter carries from its input (ids, reasons)
