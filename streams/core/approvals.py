@@ -774,10 +774,14 @@ def change_points(facts: ApprovalFacts, thresholds: ThresholdSet) -> tuple[datet
 
 
 def to_verdict(
-    evaluation: Evaluation, previous: ApprovalVerdictCode | None = None
+    evaluation: Evaluation,
+    previous: ApprovalVerdictCode | None = None,
+    request: RequestPart | None = None,
 ) -> ApprovalVerdict:
     """The published record; its id is a function of request, verdict and evaluation time,
-    so a replay or a redelivery publishes the very same record."""
+    so a replay or a redelivery publishes the very same record. ``request`` gives the action
+    and request time a reader needs to list waits by action and age; they are not part of
+    the id, which stays what it was before they were published."""
     # Built without re-validation: every value comes from a valid evaluation.
     return construct(
         ApprovalVerdict,
@@ -794,6 +798,12 @@ def to_verdict(
             "next_step": evaluation.next_step,
             "thresholds": evaluation.thresholds,
             "evaluated_at": to_millis(evaluation.evaluated_at),
+            "action": request.action if request is not None else None,
+            "requested_at": (
+                to_millis(request.requested_at)
+                if request is not None and request.requested_at is not None
+                else None
+            ),
         },
     )
 
@@ -1033,7 +1043,7 @@ def advance(
                 continue
             evaluation = evaluate(facts, point, thresholds)
             if previous is None or previous.verdict is not evaluation.verdict:
-                emitted.append(to_verdict(evaluation, previous.verdict if previous else None))
+                emitted.append(to_verdict(evaluation, previous.verdict if previous else None, req))
                 previous = construct(
                     LastVerdict, {"verdict": evaluation.verdict, "since": to_millis(point)}
                 )

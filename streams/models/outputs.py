@@ -123,6 +123,8 @@ class ApprovalVerdict(Record):
     next_step: str
     thresholds: Thresholds
     evaluated_at: Millis
+    action: str | None = None
+    requested_at: Millis | None = None
 
 
 class Alert(Record):
