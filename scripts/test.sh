@@ -2,8 +2,16 @@
 # The whole test suite, from a fresh machine: installs the pinned Python packages, then pytest.
 # The session fixture starts the local Kafka broker and schema registry (downloaded from Maven
 # Central into ~/.cache/vigil on first use) unless KAFKA_BOOTSTRAP_SERVERS and
-# SCHEMA_REGISTRY_URL name a cluster, and stops what it started.
+# SCHEMA_REGISTRY_URL name a cluster, and stops what it started. Installs chromium (apt) when
+# /usr/bin/chromium is missing.
 set -euo pipefail
+# The console's browser tests drive Debian's chromium through Playwright (no browser download).
+if [ ! -x /usr/bin/chromium ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/bootstrap.sh"
 cd "$ROOT"

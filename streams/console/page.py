@@ -1,0 +1,156 @@
+"""The operator's web page: ``/`` (one HTML file), ``/static/{name}`` (its script and style,
+shipped as package data) and ``/api/stream`` (Server-Sent Events of what the view applied).
+
+The page has no build step: plain HTML, CSS and JavaScript read the console's JSON API and
+refetch what an SSE change names. ``/`` and ``/static/*`` hold no data, so they are served
+without the read token (a browser's first navigation cannot send a header); every byte of
+data comes from the API, which the page calls with the token the operator pasted.
+
+``/api/stream`` checks the read token itself. ``EventSource`` cannot send headers, so besides
+``Authorization: Bearer`` it accepts the cookie ``vigil_read_token`` that the page sets for this
+path only (``SameSite=Strict``): the token never appears in a URL, so no access log records it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import Any
+from urllib.parse import unquote
+
+from aiohttp import web
+
+#: an SSE comment this often keeps proxies and the browser from closing an idle stream
+KEEPALIVE_SECONDS = 15.0
+#: the cookie the page sets (path ``/api/stream``) so that ``EventSource`` carries the read token
+TOKEN_COOKIE = "vigil_read_token"
+
+_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".png": "image/png",
+    ".svg": "image/svg+xml",
+}
+
+#: Defence in depth behind the page's own escaping: only this origin's script, style and
+#: connections; no inline script, no framing (clickjacking of the review buttons).
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+        "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-cache",
+}
+
+
+def load_static() -> dict[str, tuple[bytes, str]]:
+    """Every file of ``streams/console/static`` by name, with its content type: read once, so a
+    request can only ever name one of them (no path is built from the URL)."""
+    out: dict[str, tuple[bytes, str]] = {}
+    root = resources.files("streams.console") / "static"
+    for entry in root.iterdir():
+        name = entry.name
+        suffix = name[name.rfind(".") :] if "." in name else ""
+        if entry.is_file() and suffix in _TYPES:
+            out[name] = (entry.read_bytes(), _TYPES[suffix])
+    return out
+
+
+def token_ok(request: web.Request, token: str | None) -> bool:
+    """With no read token configured the stream is open; otherwise the bearer header or the
+    page's cookie must equal it (constant-time comparison)."""
+    if not token:
+        return True
+    header = request.headers.get("Authorization", "")
+    if header.startswith("Bearer ") and hmac.compare_digest(
+        header[len("Bearer ") :].encode(), token.encode()
+    ):
+        return True
+    cookie = request.cookies.get(TOKEN_COOKIE)
+    return cookie is not None and hmac.compare_digest(unquote(cookie).encode(), token.encode())
+
+
+def sse_frame(event: str, data: Any) -> bytes:
+    """One SSE message; ``json.dumps`` keeps the data on one line."""
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+async def stream_changes(
+    response: web.StreamResponse,
+    changes: AsyncIterator[list[dict[str, Any]]],
+    keepalive: float = KEEPALIVE_SECONDS,
+) -> None:
+    """Write each published list of changes as one ``change`` event, and a keep-alive comment
+    whenever ``keepalive`` seconds pass without one. The pending ``__anext__`` is awaited across
+    keep-alives rather than cancelled, since cancelling it would close the subscription."""
+    iterator = aiter(changes)
+    pending: asyncio.Future[list[dict[str, Any]]] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(iterator))
+            done, _ = await asyncio.wait({pending}, timeout=keepalive)
+            if not done:
+                await response.write(b": keep-alive\n\n")
+                continue
+            try:
+                batch = pending.result()
+            except StopAsyncIteration:  # the hub dropped this subscriber: the page reconnects
+                return
+            pending = None
+            await response.write(sse_frame("change", batch))
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+        close = getattr(iterator, "aclose", None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                await close()
+
+
+def register_page(app: web.Application, ctx: Any) -> None:
+    """Add the page's routes to the console's application (called by ``create_app``)."""
+    files = load_static()
+
+    async def index(_: web.Request) -> web.Response:
+        body, ctype = files["index.html"]
+        return web.Response(body=body, headers={"Content-Type": ctype, **SECURITY_HEADERS})
+
+    async def static(request: web.Request) -> web.Response:
+        found = files.get(request.match_info["name"])
+        if found is None:
+            return web.json_response({"error": "no such file"}, status=404)
+        body, ctype = found
+        return web.Response(body=body, headers={"Content-Type": ctype, **SECURITY_HEADERS})
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        if not token_ok(request, getattr(ctx, "read_token", None)):
+            return web.json_response({"error": "missing or wrong read token"}, status=401)
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        await response.prepare(request)
+        try:
+            await response.write(sse_frame("hello", {}))
+            await stream_changes(response, ctx.hub.subscribe())
+        except (ConnectionResetError, ConnectionError):
+            pass
+        return response
+
+    app.router.add_get("/", index)
+    app.router.add_get("/static/{name}", static)
+    app.router.add_get("/api/stream", stream)
