@@ -33,7 +33,7 @@ function el(tag, attrs, ...children) {
     else if (k === "value") node.value = v;
     else node.setAttribute(k, String(v));
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined || c === false) continue;
     node.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -79,7 +79,8 @@ function initTokens() {
   $("write-token").value = writeToken();
   $("reviewer-default").value = sessionStorage.getItem("vigil.reviewer") || "";
   setStreamCookie(readToken());
-  $("save-tokens").addEventListener("click", () => {
+  $("token-form").addEventListener("submit", (e) => {
+    e.preventDefault();
     sessionStorage.setItem("vigil.readToken", $("read-token").value.trim());
     sessionStorage.setItem("vigil.writeToken", $("write-token").value.trim());
     sessionStorage.setItem("vigil.reviewer", $("reviewer-default").value.trim());
