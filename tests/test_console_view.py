@@ -1,0 +1,546 @@
+"""The console's SQLite view, without Kafka: the demo scenario's real outputs (from the pure
+Processor) applied, the queries and their filters, keyset cursors, idempotence, and the
+offsets kept in the same transaction as the rows."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streams.console.view import (
+    LISTS,
+    MAX_LIMIT,
+    ConsoleView,
+    Incoming,
+    QueryError,
+    decode_cursor,
+    encode_cursor,
+)
+from streams.core.approvals import to_verdict
+from streams.models.enums import ApprovalVerdictCode, Owner, WorkItemKind
+from streams.models.events import ClockTick
+from streams.models.outputs import (
+    Alert,
+    ApprovalVerdict,
+    ExecutionState,
+    OperationState,
+    ReconciliationWorkItem,
+    Thresholds,
+    WorkItemResolution,
+)
+from streams.partitioning import partition_of
+from streams.processor import Processor, Stores
+from streams.scenario import Tick, demo_scenario
+from tests.test_processor import TOPICS, env
+
+CONSOLE_TOPICS = {
+    TOPICS.execution_state.name,
+    TOPICS.operation_state.name,
+    TOPICS.approval_verdicts.name,
+    TOPICS.reconciliation_work.name,
+    TOPICS.alerts.name,
+}
+T0 = datetime(2026, 7, 26, 16, 0, tzinfo=UTC)
+
+
+def demo_outputs() -> list[Incoming]:
+    """The demo scenario through the pure Processor; the console topics' records with the
+    partitions and offsets a broker would give them."""
+    proc = Processor(TOPICS, Stores())
+    emissions = []
+    for s in demo_scenario():
+        if isinstance(s, Tick):
+            for spec in TOPICS.inputs():
+                for p in range(3):
+                    tick = ClockTick(ticker_id="t", partition=p, occurred_at=s.at)
+                    emissions += proc.handle(env(tick, spec.name, key="", partition=p))
+        else:
+            emissions += proc.handle(env(s))
+    offsets: dict[tuple[str, int], int] = {}
+    out = []
+    for e in emissions:
+        if e.topic not in CONSOLE_TOPICS:
+            continue
+        p = partition_of(e.key or "", 3)
+        o = offsets.get((e.topic, p), 0)
+        offsets[(e.topic, p)] = o + 1
+        out.append(Incoming(e.topic, p, o, e.record))
+    return out
+
+
+DEMO = demo_outputs()
+
+
+@pytest.fixture
+def view(tmp_path: Path) -> ConsoleView:
+    v = ConsoleView(tmp_path / "console.sqlite3")
+    yield v
+    v.close()
+
+
+def everything(v: ConsoleView) -> dict[str, Any]:
+    """Every answer of the view that does not depend on how it was filled."""
+    out: dict[str, Any] = {"summary": v.summary()}
+    for name in LISTS:
+        params = {"limit": str(MAX_LIMIT)}
+        if name == "work-items":
+            params["open"] = "false"
+        out[name] = v.query(name, params).to_json()
+        if name == "work-items":
+            out["work-items-open"] = v.query(name, {"limit": str(MAX_LIMIT)}).to_json()
+        if name == "alerts":
+            out["alerts-resolved"] = v.query(name, {"status": "RESOLVED", "limit": "500"}).items
+    ids = {i["execution_id"] for i in out["executions"]["items"]}
+    for ex in sorted(ids):
+        out[f"ex:{ex}"] = v.execution(ex)
+        out[f"tl:{ex}"] = v.timeline(ex)
+    return out
+
+
+# ------------------------------------------------------------------ the demo in the view
+
+
+def test_demo_stuck_approval_and_unknown_operation(view: ConsoleView) -> None:
+    view.apply(DEMO)
+    stuck = view.query("approvals", {"verdict": "STUCK_AFTER_DECISION"}).items
+    assert [a["request_id"] for a in stuck] == ["req-deploy"]
+    (a,) = stuck
+    assert a["owner"] == "RUNTIME_OWNER" and a["next_step"] and a["open"] is True
+    assert a["action"] is not None and a["requested_at"] is not None
+    assert a["age_seconds"] > 0 and a["failed_proofs"]
+    (op,) = view.query("operations", {"status": "UNKNOWN"}).items
+    assert op["operation_id"] == "op-refund-1" and op["owner"] == "CONNECTOR_OWNER"
+    assert op["retry"] == "FORBIDDEN"
+    # op-sms-1 went UNKNOWN, then was verified: its work item is resolved, its alert closed
+    sms = view.execution("exec-sms-reminder")
+    assert sms is not None
+    assert [o["status"] for o in sms["operations"]] == ["VERIFIED"]
+    (wi,) = sms["work_items"]
+    assert wi["open"] is False and wi["resolution"]["outcome"] == "VERIFIED"
+    open_items = view.query("work-items", {}).items
+    assert {w["operation_id"] for w in open_items} == {"op-refund-1"}
+    assert all(w["next_step"] for w in open_items)
+    deadlines = [w["deadline"] for w in open_items]
+    assert deadlines == sorted(deadlines)
+    firing = view.query("alerts", {}).items
+    assert {f["subject_id"] for f in firing} >= {"req-deploy", "op-refund-1"}
+    assert all(f["firing"] for f in firing)
+    assert not any(
+        f["subject_id"] == "op-sms-1" and f["kind"] == "OPERATION_UNKNOWN" for f in firing
+    )
+    summary = view.summary()
+    assert summary["approvals_open_by_verdict"]["STUCK_AFTER_DECISION"] == 1
+    assert summary["operations_by_status"]["UNKNOWN"] == 1
+    assert summary["executions_by_status"]["COMPLETED"] == 1
+    # as_of: every partition read, and the latest event time applied
+    as_of = summary["as_of"]
+    assert as_of["event_time"] is not None
+    latest = max(getattr(i.record, i.record.time_field) for i in DEMO)
+    assert datetime.fromisoformat(as_of["event_time"]) == latest
+    last = {}
+    for i in DEMO:
+        last[f"{i.topic}/{i.partition}"] = i.offset + 1
+    assert as_of["offsets"] == last
+
+
+def test_timeline_in_event_time_order(view: ConsoleView) -> None:
+    view.apply(DEMO)
+    tl = view.timeline("exec-sms-reminder")
+    assert tl is not None
+    times = [datetime.fromisoformat(i["at"]) for i in tl["items"]]
+    assert times == sorted(times)
+    kinds = {i["kind"] for i in tl["items"]}
+    assert kinds == {"execution", "operation", "work_item", "alert"}
+    assert view.timeline("no-such-execution") is None
+    assert view.execution("no-such-execution") is None
+
+
+def test_approvals_by_action_owner_and_age(view: ConsoleView) -> None:
+    view.apply(DEMO)
+    rows = view.query("approvals", {"limit": "500"}).items
+    assert rows, "the demo has approvals"
+    ages = [r["age_seconds"] for r in rows]
+    assert ages == sorted(ages, reverse=True), "default: the oldest wait first"
+    young = view.query("approvals", {"sort": "age", "limit": "500"}).items
+    assert [r["age_seconds"] for r in young] == sorted(ages)
+    action = rows[0]["action"]
+    by_action = view.query("approvals", {"action": action}).items
+    assert by_action and all(r["action"] == action for r in by_action)
+    policy = view.query("approvals", {"owner": "POLICY_OWNER"}).items
+    assert {r["request_id"] for r in policy} == {
+        r["request_id"] for r in rows if r["owner"] == "POLICY_OWNER"
+    }
+    closed = view.query("approvals", {"open": "false"}).items
+    assert {r["verdict"] for r in closed} <= {"CLOSED_BY_DECLINE", "CLOSED_BY_CANCEL", "RESUMED"}
+
+
+def test_the_verdict_carries_action_and_request_time_outside_its_id() -> None:
+    """The approvals core fills the new optional fields; verdict_id does not depend on them."""
+    verdicts = [i.record for i in DEMO if isinstance(i.record, ApprovalVerdict)]
+    assert verdicts and all(v.action and v.requested_at for v in verdicts)
+    deploy = next(v for v in verdicts if v.request_id == "req-deploy")
+    assert deploy.requested_at <= deploy.evaluated_at
+    from streams.core.approvals import Evaluation
+
+    ev = Evaluation(
+        request_id=deploy.request_id,
+        execution_id=deploy.execution_id,
+        verdict=deploy.verdict,
+        failed_proofs=deploy.failed_proofs,
+        owner=deploy.owner,
+        next_step=deploy.next_step,
+        thresholds=deploy.thresholds,
+        evaluated_at=deploy.evaluated_at,
+    )
+    bare = to_verdict(ev, deploy.previous_verdict)
+    assert bare.action is None and bare.requested_at is None
+    assert bare.verdict_id == deploy.verdict_id
+
+
+# ------------------------------------------------------------------ idempotence, crash
+
+
+def test_reapplying_is_idempotent(tmp_path: Path) -> None:
+    once = ConsoleView(tmp_path / "a.sqlite3")
+    once.apply(DEMO)
+    expected = everything(once)
+    again = ConsoleView(tmp_path / "b.sqlite3")
+    half = len(DEMO) // 2
+    again.apply(DEMO[:half])
+    again.apply(DEMO)  # the first half again, at the same offsets: skipped by position
+    assert everything(again) == expected
+    # the same records published again at later offsets (a worker's re-publication): skipped
+    # by record id, only the positions move
+    shift = max(i.offset for i in DEMO) + 1
+    changes = again.apply(
+        [Incoming(i.topic, i.partition, i.offset + shift, i.record) for i in DEMO]
+    )
+    assert changes == []
+    got = everything(again)
+    assert got["summary"]["as_of"]["offsets"] != expected["summary"]["as_of"]["offsets"]
+    for key in expected:
+        if key not in ("summary",):
+            strip = json.loads(json.dumps(got[key]).replace('"as_of"', '"x"'))
+            want = json.loads(json.dumps(expected[key]).replace('"as_of"', '"x"'))
+            _drop_as_of(strip), _drop_as_of(want)
+            assert strip == want, key
+
+
+def _drop_as_of(d: Any) -> None:
+    if isinstance(d, dict):
+        d.pop("x", None)
+        for v in d.values():
+            _drop_as_of(v)
+
+
+def test_offsets_commit_with_the_rows_or_not_at_all(tmp_path: Path) -> None:
+    """A crash between applying rows and committing: neither rows nor offsets remain; the
+    records are applied again on restart, once."""
+    path = tmp_path / "crash.sqlite3"
+    v = ConsoleView(path)
+    half = len(DEMO) // 2
+    v.apply(DEMO[:half])
+    before = everything(v)
+
+    (applied,) = v.execute_read("SELECT count(*) AS n FROM timeline")
+
+    def crash(db: sqlite3.Connection) -> None:
+        # the rows of the second half are in the transaction at this point
+        (n,) = db.execute("SELECT count(*) FROM timeline").fetchone()
+        assert n > applied["n"]
+        raise RuntimeError("killed before commit")
+
+    with pytest.raises(RuntimeError):
+        v.apply(DEMO[half:], before_commit=crash)
+    v.close()
+    reopened = ConsoleView(path)  # what a restarted console finds
+    assert everything(reopened) == before
+    positions = reopened.positions()
+    rest = [i for i in DEMO if i.offset >= positions.get((i.topic, i.partition), 0)]
+    assert len(rest) == len(DEMO) - half
+    reopened.apply(rest)
+    fresh = ConsoleView(tmp_path / "fresh.sqlite3")
+    fresh.apply(DEMO)
+    assert everything(reopened) == everything(fresh)
+
+
+def test_undecodable_records_only_move_the_position(view: ConsoleView) -> None:
+    changes = view.apply([Incoming(TOPICS.alerts.name, 0, 0, None)])
+    assert changes == []
+    assert view.positions() == {(TOPICS.alerts.name, 0): 1}
+    assert view.query("alerts", {}).items == []
+
+
+def test_changes_name_what_changed(view: ConsoleView) -> None:
+    changes = view.apply(DEMO)
+    kinds = {c["kind"] for c in changes}
+    assert kinds == {"execution", "operation", "approval", "work_item", "alert"}
+    assert {"kind": "approval", "id": "req-deploy", "execution_id": "exec-deploy"} in changes
+
+
+def test_a_newer_file_version_is_dropped_and_rebuilt(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    v = ConsoleView(path)
+    v.apply(DEMO)
+    v.execute_write("PRAGMA user_version=999")  # a file written by another console version
+    v.close()
+    again = ConsoleView(path)
+    assert again.is_empty() and again.query("executions", {}).items == []
+
+
+def test_execute_write_and_read(view: ConsoleView) -> None:
+    view.execute_write("CREATE TABLE review_log (who TEXT, what TEXT)")
+    assert view.execute_write("INSERT INTO review_log VALUES (?, ?)", ("ana", "take")) == 1
+    assert view.execute_read("SELECT * FROM review_log") == [{"who": "ana", "what": "take"}]
+
+
+# ------------------------------------------------------------------ cursors, filters
+
+
+def _verdict(i: int, verdict: ApprovalVerdictCode, owner: Owner, start: int, action: str):
+    at = T0 + timedelta(minutes=start + 1)
+    return ApprovalVerdict(
+        verdict_id=f"v{i}",
+        request_id=f"req-{i:03d}",
+        execution_id=f"ex-{i % 7}",
+        verdict=verdict,
+        owner=owner,
+        next_step="step",
+        thresholds=Thresholds(
+            grace_ms=1, heartbeat_fresh_ms=1, delivery_deadline_ms=1, evaluated_at=at
+        ),
+        evaluated_at=at,
+        action=action,
+        requested_at=T0 + timedelta(minutes=start),
+    )
+
+
+rows = st.lists(
+    st.tuples(
+        st.sampled_from(list(ApprovalVerdictCode)),
+        st.sampled_from([Owner.RUNTIME_OWNER, Owner.APPROVER, Owner.POLICY_OWNER]),
+        st.integers(0, 5),  # few distinct start times: many ties broken by id
+        st.sampled_from(["deploy", "refund"]),
+    ),
+    max_size=40,
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    rows=rows,
+    limit=st.integers(1, 12),
+    sort=st.sampled_from(list(LISTS["approvals"].sorts)),
+    owner=st.none() | st.sampled_from(["RUNTIME_OWNER", "APPROVER"]),
+)
+def test_cursors_walk_every_row_exactly_once(tmp_path_factory, rows, limit, sort, owner) -> None:
+    v = ConsoleView(tmp_path_factory.mktemp("walk") / "v.sqlite3")
+    v.apply(
+        [Incoming("vigil.approval-verdicts", 0, i, _verdict(i, *r)) for i, r in enumerate(rows)]
+    )
+    params = {"limit": str(limit), "sort": sort}
+    if owner:
+        params["owner"] = owner
+    seen: list[dict[str, Any]] = []
+    cursor = None
+    for _ in range(len(rows) + 2):
+        page = v.query("approvals", params | ({"cursor": cursor} if cursor else {}))
+        assert len(page.items) <= limit
+        seen += page.items
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    ids = [r["request_id"] for r in seen]
+    expected = {f"req-{i:03d}" for i, r in enumerate(rows) if owner is None or r[1] == owner}
+    assert len(ids) == len(set(ids)) and set(ids) == expected
+    _column, desc = LISTS["approvals"].sorts[sort]
+    key = {"-age": "requested_at", "age": "requested_at", "evaluated_at": "evaluated_at"}[sort]
+    keys = [(r[key], r["request_id"]) for r in seen]
+    assert keys == sorted(keys, reverse=desc)
+    v.close()
+
+
+def test_cursor_round_trip_and_refusals() -> None:
+    c = encode_cursor("since", 12, "op-1")
+    assert decode_cursor(c, "since", {}) == (12, "op-1")
+    with pytest.raises(QueryError, match="sort"):
+        decode_cursor(c, "-since", {})
+    for bad in ("", "!!!", "e30", encode_cursor("since", 1, "x")[:-3], "bnVsbA"):
+        with pytest.raises(QueryError):
+            decode_cursor(bad, "since", {})
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "match"),
+    [
+        ("approvals", {"verdict": "STUCK"}, "verdict"),
+        ("approvals", {"colour": "red"}, "unknown parameter"),
+        ("approvals", {"open": "yes"}, "open"),
+        ("operations", {"status": "unknown"}, "status"),
+        ("operations", {"sort": "age"}, "sort"),
+        ("work-items", {"kind": "X"}, "kind"),
+        ("executions", {"since_before": "yesterday"}, "since_before"),
+        ("executions", {"since_after": "2026-07-26T16:00:00"}, "UTC offset"),
+        ("alerts", {"severity": "LOUD"}, "severity"),
+        ("alerts", {"limit": "0"}, "limit"),
+        ("alerts", {"limit": "501"}, "limit"),
+        ("alerts", {"limit": "ten"}, "limit"),
+        ("alerts", {"execution_id": "x" * 300}, "longer"),
+        ("alerts", {"execution_id": "\udc80"}, "not valid text"),
+    ],
+)
+def test_bad_filters_are_refused_with_the_allowed_values(view, name, params, match) -> None:
+    with pytest.raises(QueryError, match=match) as info:
+        view.query(name, params)
+    allowed = info.value.allowed
+    assert "params" in allowed and "sort" in allowed
+    for key in params:
+        if key in LISTS[name].filters:
+            assert key in allowed
+
+
+def test_filters_select_exactly(view: ConsoleView) -> None:
+    view.apply(DEMO)
+    every = view.query("executions", {"limit": "500"}).items
+    for status in {e["status"] for e in every}:
+        got = view.query("executions", {"status": status, "limit": "500"}).items
+        assert {e["execution_id"] for e in got} == {
+            e["execution_id"] for e in every if e["status"] == status
+        }
+    cut = sorted(e["since"] for e in every)[len(every) // 2]
+    before = view.query("executions", {"since_before": cut, "limit": "500"}).items
+    after = view.query("executions", {"since_after": cut, "limit": "500"}).items
+    assert {e["execution_id"] for e in before} | {e["execution_id"] for e in after} == {
+        e["execution_id"] for e in every
+    }
+    assert all(e["since"] < cut for e in before)
+    assert view.query("executions", {"terminal": "true"}).items == [
+        e for e in every if e["terminal"]
+    ]
+    ops = view.query("operations", {"connector": "payments"}).items
+    assert ops and all(o["connector"] == "payments" for o in ops)
+
+
+params_strategy = st.dictionaries(
+    st.sampled_from(
+        ["limit", "cursor", "sort", "verdict", "owner", "status", "open", "since_before",
+         "kind", "severity", "execution_id", "connector", "action", "terminal", "x"]
+    ) | st.text(max_size=10),
+    st.text(max_size=30) | st.sampled_from(["1", "500", "true", "FIRING", "UNKNOWN", "-age"]),
+    max_size=5,
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from(list(LISTS)), params=params_strategy)
+def test_hostile_params_answer_or_refuse_never_crash(name: str, params: dict[str, str]) -> None:
+    v = HOSTILE_VIEW
+    try:
+        page = v.query(name, params)
+    except QueryError as exc:
+        assert str(exc) and exc.allowed
+        json.dumps(exc.allowed)
+    else:
+        json.dumps(page.to_json())
+
+
+HOSTILE_VIEW = ConsoleView(":memory:")
+HOSTILE_VIEW.apply(DEMO)
+
+
+def test_work_item_resolution_before_the_item(view: ConsoleView) -> None:
+    """A resolution read before its item (the item older than the read window): closed."""
+    item = ReconciliationWorkItem(
+        work_item_id="wi-1",
+        operation_id="op-1",
+        execution_id="ex-1",
+        attempt=1,
+        connector="sms",
+        kind=WorkItemKind.REPLY_TIMEOUT,
+        deadline=T0,
+        created_at=T0,
+    )
+    res = WorkItemResolution(
+        resolution_id="r-1",
+        work_item_id="wi-1",
+        operation_id="op-1",
+        execution_id="ex-1",
+        attempt=1,
+        outcome="VERIFIED",
+        evidence_source="HUMAN",
+        resolved_at=T0 + timedelta(minutes=1),
+    )
+    view.apply([Incoming("w", 0, 0, res), Incoming("w", 1, 0, item)])
+    assert view.query("work-items", {}).items == []
+    (closed,) = view.query("work-items", {"open": "false"}).items
+    assert closed["resolution"]["outcome"] == "VERIFIED"
+
+
+def test_a_resolved_alert_read_before_the_firing_one(view: ConsoleView) -> None:
+    firing = Alert(
+        alert_id="a-1",
+        kind="OPERATION_UNKNOWN",
+        status="FIRING",
+        severity="WARNING",
+        execution_id="ex-1",
+        subject_id="op-1",
+        owner="CONNECTOR_OWNER",
+        next_step="x",
+        occurred_at=T0,
+    )
+    resolved = Alert(
+        **firing.model_dump()
+        | {"alert_id": "a-2", "status": "RESOLVED", "resolves_alert_id": "a-1"}
+    )
+    view.apply([Incoming("a", 1, 0, resolved), Incoming("a", 0, 0, firing)])
+    assert view.query("alerts", {}).items == []
+    (r,) = view.query("alerts", {"status": "RESOLVED"}).items
+    assert r["alert_id"] == "a-1" and r["resolved_by"] == "a-2"
+
+
+def test_an_older_execution_state_does_not_replace_a_newer_one(view: ConsoleView) -> None:
+    def state(seq: int, status: str) -> ExecutionState:
+        return ExecutionState(
+            execution_id="ex-1",
+            status=status,
+            since=T0 + timedelta(seconds=seq),
+            first_seen_at=T0,
+            last_event_at=T0 + timedelta(seconds=seq),
+            last_sequence=seq,
+            terminal=status == "COMPLETED",
+            state_id=f"s{seq}",
+        )
+
+    view.apply(
+        [Incoming("e", 0, 0, state(5, "COMPLETED")), Incoming("e", 0, 1, state(3, "RUNNING"))]
+    )
+    (e,) = view.query("executions", {}).items
+    assert e["status"] == "COMPLETED"
+
+
+def test_operation_owner_follows_the_status() -> None:
+    from streams.console.view import operation_owner
+
+    base = dict(
+        operation_id="o",
+        execution_id="e",
+        attempt=1,
+        connector="c",
+        retry="WAIT",
+        since=T0,
+        state_id="s",
+    )
+    assert operation_owner(OperationState(status="UNKNOWN", **base)) is Owner.CONNECTOR_OWNER
+    assert operation_owner(OperationState(status="SENT", **base)) is Owner.RUNTIME_OWNER
+    assert operation_owner(OperationState(status="VERIFIED", **base)) is None
+    acked = OperationState(status="ACKNOWLEDGED", open_work_item_id="wi", **base)
+    assert operation_owner(acked) is Owner.CONNECTOR_OWNER
