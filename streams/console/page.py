@@ -146,7 +146,7 @@ def register_page(app: web.Application, ctx: Any) -> None:
         await response.prepare(request)
         try:
             await response.write(sse_frame("hello", {}))
-            await stream_changes(response, ctx.hub.subscribe())
+            await stream_changes(response, ctx.hub.subscribe(), KEEPALIVE_SECONDS)
         except (ConnectionResetError, ConnectionError):
             pass
         return response

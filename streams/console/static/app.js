@@ -236,7 +236,7 @@ function attentionItems() {
     const alerts = alertFor(id);
     items.push({
       kind: "approval", id, executionId: a.execution_id, owner: a.owner || "UNRECOGNIZED",
-      label: a.verdict, bad: true, since: a.requested_at || a.evaluated_at,
+      label: a.verdict, bad: true, since: a.started_at || a.requested_at || a.evaluated_at,
       nextStep: a.next_step, proofs: a.failed_proofs || [], thresholds: a.thresholds,
       evidence: alerts.flatMap((x) => x.evidence || []),
       facts: [["action", a.action], ["previous verdict", a.previous_verdict],
