@@ -6,9 +6,12 @@ refetch what an SSE change names. ``/`` and ``/static/*`` hold no data, so they 
 without the read token (a browser's first navigation cannot send a header); every byte of
 data comes from the API, which the page calls with the token the operator pasted.
 
-``/api/stream`` checks the read token itself. ``EventSource`` cannot send headers, so besides
-``Authorization: Bearer`` it accepts the cookie ``vigil_read_token`` that the page sets for this
-path only (``SameSite=Strict``): the token never appears in a URL, so no access log records it.
+``/api/stream`` wants the read token (or the write token) when one is set. ``EventSource``
+cannot send headers, so besides ``Authorization: Bearer`` it accepts the cookie
+``vigil_console_token`` that the page sets from the token the operator pasted (URL-encoded,
+``SameSite=Strict``): the token never appears in a URL, so no access log records it. The API's
+guard checks the same for every ``/api/`` path; the stream checks again so that it is never
+open on an application without that guard.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from aiohttp import web
 
 #: an SSE comment this often keeps proxies and the browser from closing an idle stream
 KEEPALIVE_SECONDS = 15.0
-#: the cookie the page sets (path ``/api/stream``) so that ``EventSource`` carries the read token
-TOKEN_COOKIE = "vigil_read_token"
+#: the cookie the page sets so that ``EventSource`` carries the token (the API's guard reads it too)
+TOKEN_COOKIE = "vigil_console_token"
 
 _TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -64,18 +67,17 @@ def load_static() -> dict[str, tuple[bytes, str]]:
     return out
 
 
-def token_ok(request: web.Request, token: str | None) -> bool:
+def token_ok(request: web.Request, tokens: list[str]) -> bool:
     """With no read token configured the stream is open; otherwise the bearer header or the
-    page's cookie must equal it (constant-time comparison)."""
-    if not token:
+    page's cookie must carry one of ``tokens`` (constant-time comparison)."""
+    if not tokens:
         return True
     header = request.headers.get("Authorization", "")
-    if header.startswith("Bearer ") and hmac.compare_digest(
-        header[len("Bearer ") :].encode(), token.encode()
-    ):
-        return True
     cookie = request.cookies.get(TOKEN_COOKIE)
-    return cookie is not None and hmac.compare_digest(unquote(cookie).encode(), token.encode())
+    given = [header.removeprefix("Bearer ")] if header.startswith("Bearer ") else []
+    if cookie:
+        given.append(unquote(cookie))
+    return any(hmac.compare_digest(g.encode(), t.encode()) for g in given for t in tokens)
 
 
 def sse_frame(event: str, data: Any) -> bytes:
@@ -134,7 +136,9 @@ def register_page(app: web.Application, ctx: Any) -> None:
         return web.Response(body=body, headers={"Content-Type": ctype, **SECURITY_HEADERS})
 
     async def stream(request: web.Request) -> web.StreamResponse:
-        if not token_ok(request, getattr(ctx, "read_token", None)):
+        read = getattr(ctx, "read_token", None)
+        tokens = [t for t in (read, getattr(ctx, "write_token", None)) if t] if read else []
+        if not token_ok(request, tokens):
             return web.json_response({"error": "missing or wrong read token"}, status=401)
         response = web.StreamResponse(
             headers={

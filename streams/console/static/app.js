@@ -69,10 +69,10 @@ function readToken() { return sessionStorage.getItem("vigil.readToken") || ""; }
 function writeToken() { return sessionStorage.getItem("vigil.writeToken") || ""; }
 function setStreamCookie(token) {
   // EventSource cannot send headers: the stream endpoint accepts this cookie instead. It is
-  // sent to /api/stream only, and never cross-site.
+  // sent to /api/ paths only, and never cross-site.
   const value = token ? encodeURIComponent(token) : "";
   const expiry = token ? "" : "; max-age=0";
-  document.cookie = `vigil_read_token=${value}; path=/api/stream; SameSite=Strict${expiry}`;
+  document.cookie = `vigil_console_token=${value}; path=/api/; SameSite=Strict${expiry}`;
 }
 function initTokens() {
   $("read-token").value = readToken();
