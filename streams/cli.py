@@ -433,6 +433,35 @@ def replay(
     out.print(t)
 
 
+@app.command("console")
+def console_cmd(
+    host: Annotated[
+        str | None, typer.Option(help="Bind address (env VIGIL_CONSOLE_HOST, 127.0.0.1).")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="HTTP port (env VIGIL_CONSOLE_PORT, 6080).")
+    ] = None,
+    db: Annotated[
+        str | None,
+        typer.Option(
+            help="SQLite file of the view (env VIGIL_CONSOLE_DB, <data dir>/console.sqlite3);"
+            " a cache: delete it and the console rebuilds it from the topics."
+        ),
+    ] = None,
+    data_dir: Annotated[str | None, typer.Option(help="Data dir (env VIGIL_DATA_DIR).")] = None,
+    bootstrap: BootstrapOpt = None,
+    registry: RegistryOpt = None,
+) -> None:
+    """Run the operator console: reads vigil's output topics into its own SQLite view and
+    serves fleet-wide queries as JSON (and the page, when installed). Each replica reads
+    every partition and keeps its own view. Stop with Ctrl-C or SIGTERM."""
+    from streams.console.service import run
+    from streams.console.settings import ConsoleSettings
+
+    s = _settings(bootstrap, registry, data_dir=data_dir)
+    run(s, ConsoleSettings.from_env(s, host=host, port=port, db=db))
+
+
 @app.command("demo")
 def demo(
     pace: Annotated[float, typer.Option(help="Seconds of real time per scenario minute.")] = 0.15,

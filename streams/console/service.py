@@ -1,0 +1,466 @@
+"""``vigil console`` as a process: a consumer thread that applies vigil's output topics to the
+SQLite view, and an aiohttp server that answers from it.
+
+The consumer does not join a group: it assigns itself every partition of the five topics and
+seeks to the positions stored in the view (the truth: they commit with the rows), so every
+replica reads everything and keeps its own complete view, and any number of consoles can run
+behind a load balancer without a shared database. The group id ``<app_id>-console`` only
+carries committed positions so that ordinary Kafka tooling can show the console's lag.
+
+On an empty view (first start, or the file deleted) the compacted state topics are read from
+the beginning and the others from ``VIGIL_CONSOLE_ALERTS_SINCE`` before each partition's newest
+record (record timestamps are event times).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from streams.console.settings import ConsoleSettings
+from streams.console.view import Change, ConsoleView, Incoming
+from streams.settings import Settings
+from streams.topics import Topics
+
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer
+
+    from streams.clients import RecordProducer
+    from streams.codec import AvroCodec
+
+log = logging.getLogger("vigil.console")
+
+#: Records applied per SQLite transaction at most.
+BATCH = 2000
+#: How often the log end offsets are asked of the broker for the lag.
+WATERMARK_INTERVAL = 2.0
+
+
+def console_topics(topics: Topics) -> tuple[tuple[str, bool], ...]:
+    """(name, compacted) of the topics the console reads."""
+    specs = (
+        topics.execution_state,
+        topics.operation_state,
+        topics.approval_verdicts,
+        topics.reconciliation_work,
+        topics.alerts,
+    )
+    return tuple((s.name, s.cleanup_policy == "compact") for s in specs)
+
+
+# --------------------------------------------------------------------------------------------
+# Change hub
+# --------------------------------------------------------------------------------------------
+
+
+class ChangeHub:
+    """Fans the changes of each applied transaction out to subscribers (the page's SSE).
+
+    ``publish`` may be called from any thread; delivery happens on the event loop the hub was
+    bound to. Each subscriber has a bounded queue: one that does not keep up is dropped (its
+    iterator ends) rather than slowing the consumer or growing memory.
+    """
+
+    def __init__(self, queue_size: int = 256) -> None:
+        self.queue_size = queue_size
+        self._subscribers: set[asyncio.Queue[list[Change] | None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def publish(self, changes: list[Change]) -> None:
+        if not changes:
+            return
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._deliver(changes)
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop is closing
+                loop.call_soon_threadsafe(self._deliver, changes)
+
+    def _deliver(self, changes: list[Change]) -> None:
+        for q in list(self._subscribers):
+            try:
+                q.put_nowait(changes)
+            except asyncio.QueueFull:
+                self._subscribers.discard(q)
+                q.get_nowait()  # make room for the end marker
+                q.put_nowait(None)
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subscribers)
+
+    async def subscribe(self) -> AsyncIterator[list[Change]]:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        q: asyncio.Queue[list[Change] | None] = asyncio.Queue(self.queue_size)
+        self._subscribers.add(q)
+        try:
+            while True:
+                item = await q.get()
+                if item is None:
+                    return  # dropped: too slow
+                yield item
+        finally:
+            self._subscribers.discard(q)
+
+
+# --------------------------------------------------------------------------------------------
+# Consumer thread
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ConsumerStatus:
+    """What the consumer thread tells the HTTP side: log end offsets and liveness."""
+
+    log_end: dict[tuple[str, int], int] = field(default_factory=dict)
+    started: bool = False
+    beat: float = 0.0
+    error: str | None = None
+    thread: threading.Thread | None = None
+
+    def alive(self, stale_after: float = 30.0) -> bool:
+        return (
+            self.thread is not None
+            and self.thread.is_alive()
+            and self.started
+            and time.monotonic() - self.beat < stale_after
+        )
+
+    def lag(self, positions: dict[tuple[str, int], int]) -> list[dict[str, Any]]:
+        out = []
+        for (topic, p), end in sorted(self.log_end.items()):
+            applied = positions.get((topic, p))
+            out.append(
+                {
+                    "topic": topic,
+                    "partition": p,
+                    "applied": applied,
+                    "log_end": end,
+                    "lag": max(0, end - (applied if applied is not None else 0))
+                    if end >= 0
+                    else None,
+                }
+            )
+        return out
+
+
+class ConsoleConsumer:
+    """Reads the five output topics into the view until stopped."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        console: ConsoleSettings,
+        view: ConsoleView,
+        hub: ChangeHub,
+        codec: AvroCodec,
+        status: ConsumerStatus,
+    ) -> None:
+        self.settings = settings
+        self.console = console
+        self.view = view
+        self.hub = hub
+        self.codec = codec
+        self.status = status
+        self.stop = threading.Event()
+        self.topics = console_topics(Topics.from_settings(settings))
+
+    def _consumer(self) -> Consumer:
+        from confluent_kafka import Consumer
+
+        conf = self.settings.confluent_conf() | {
+            "group.id": f"{self.settings.app_id}-console",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": False,
+        }
+        return Consumer(conf)
+
+    def _partitions(self, c: Consumer) -> dict[str, list[int]]:
+        """The partitions of every console topic, waiting for topics not created yet."""
+        names = [t for t, _ in self.topics]
+        while not self.stop.is_set():
+            meta = c.list_topics(timeout=10)
+            missing = [t for t in names if t not in meta.topics or meta.topics[t].error]
+            if not missing:
+                return {t: sorted(meta.topics[t].partitions) for t in names}
+            log.warning("waiting for topics %s", ", ".join(missing))
+            self.stop.wait(2.0)
+        return {}
+
+    def _start_offsets(self, c: Consumer, parts: dict[str, list[int]]) -> list[Any]:
+        """Stored positions; on an empty view, the beginning of compacted topics and the time
+        window of the others."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        stored = self.view.positions()
+        compacted = dict(self.topics)
+        out: list[TopicPartition] = []
+        windowed: list[TopicPartition] = []
+        for topic, ps in parts.items():
+            for p in ps:
+                if (topic, p) in stored:
+                    out.append(TopicPartition(topic, p, stored[(topic, p)]))
+                elif compacted[topic] or self.console.alerts_since is None:
+                    out.append(TopicPartition(topic, p, OFFSET_BEGINNING))
+                else:
+                    windowed.append(TopicPartition(topic, p))
+        if windowed:
+            out += self._window_starts(c, windowed, self.console.alerts_since)
+        return out
+
+    def _window_starts(self, c: Consumer, tps: list[Any], since: timedelta | None) -> list[Any]:
+        """The first offset of each partition whose timestamp is within ``since`` of the
+        partition's newest record."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        assert since is not None
+        newest: dict[tuple[str, int], int] = {}
+        peek = []
+        ends: dict[tuple[str, int], int] = {}
+        for tp in tps:
+            low, high = c.get_watermark_offsets(tp, timeout=10, cached=False)
+            ends[(tp.topic, tp.partition)] = high
+            if high > low:
+                peek.append(TopicPartition(tp.topic, tp.partition, high - 1))
+        if peek:
+            c.assign(peek)
+            deadline = time.monotonic() + 15
+            while len(newest) < len(peek) and time.monotonic() < deadline:
+                msg = c.poll(0.5)
+                if msg is None or msg.error():
+                    continue
+                newest[(msg.topic(), msg.partition())] = msg.timestamp()[1]
+            c.unassign()
+        span = int(since.total_seconds() * 1000)
+        query = [TopicPartition(t, p, ts - span) for (t, p), ts in newest.items() if ts is not None]
+        found = {
+            (tp.topic, tp.partition): tp.offset
+            for tp in (c.offsets_for_times(query, timeout=10) if query else [])
+        }
+        out = []
+        for tp in tps:
+            key = (tp.topic, tp.partition)
+            offset = found.get(key)
+            if offset is None or offset < 0:
+                # empty partition, or no timestamp known: from the beginning
+                offset = OFFSET_BEGINNING if key not in newest else ends[key]
+            out.append(TopicPartition(tp.topic, tp.partition, offset))
+        return out
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception as exc:  # the thread dies: /healthz says so
+            log.exception("console consumer stopped")
+            self.status.error = f"{type(exc).__name__}: {exc}"
+            raise
+
+    def _run(self) -> None:
+        from confluent_kafka import KafkaError, TopicPartition
+
+        from streams.codec import DecodeError, RegistryUnavailable
+
+        c = self._consumer()
+        try:
+            parts = self._partitions(c)
+            if not parts:
+                return
+            starts = self._start_offsets(c, parts)
+            c.assign(starts)
+            self.status.log_end = {(t, p): -1 for t, ps in parts.items() for p in ps}
+            self._refresh_ends(c)
+            self.status.started = True
+            self.status.beat = time.monotonic()
+            last_ends = time.monotonic()
+            log.info(
+                "console consumer assigned %d partitions (%s view)",
+                len(starts),
+                "empty" if self.view.is_empty() else "stored",
+            )
+            while not self.stop.is_set():
+                msgs = c.consume(BATCH, 0.2)
+                self.status.beat = time.monotonic()
+                batch: list[Incoming] = []
+                for m in msgs:
+                    err = m.error()
+                    if err is not None:
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            log.warning("consumer error: %s", err)
+                        continue
+                    try:
+                        rec = self.codec.decode(m.topic(), m.value())
+                    except DecodeError as exc:
+                        log.warning(
+                            "skipped %s/%d@%d: %s", m.topic(), m.partition(), m.offset(), exc
+                        )
+                        rec = None
+                    except RegistryUnavailable as exc:
+                        log.warning("schema registry unavailable (%s); reading again", exc)
+                        self._rewind(c, msgs)
+                        batch = []
+                        self.stop.wait(1.0)
+                        break
+                    batch.append(Incoming(m.topic(), m.partition(), m.offset(), rec))
+                if batch:
+                    changes = self.view.apply(batch)
+                    self.hub.publish(changes)
+                    self._commit(c, batch, TopicPartition)
+                if time.monotonic() - last_ends > WATERMARK_INTERVAL:
+                    self._refresh_ends(c)
+                    last_ends = time.monotonic()
+        finally:
+            c.close()
+
+    def _rewind(self, c: Consumer, msgs: Sequence[Any]) -> None:
+        from confluent_kafka import TopicPartition
+
+        first: dict[tuple[str, int], int] = {}
+        for m in msgs:
+            if m.error() is None:
+                first.setdefault((m.topic(), m.partition()), m.offset())
+        for (t, p), o in first.items():
+            c.seek(TopicPartition(t, p, o))
+
+    def _commit(self, c: Consumer, batch: list[Incoming], tp: Any) -> None:
+        """Positions for Kafka tooling only (the view's own positions are the truth)."""
+        last: dict[tuple[str, int], int] = {}
+        for i in batch:
+            last[(i.topic, i.partition)] = i.offset + 1
+        with contextlib.suppress(Exception):
+            c.commit(offsets=[tp(t, p, o) for (t, p), o in last.items()], asynchronous=True)
+
+    def _refresh_ends(self, c: Consumer) -> None:
+        from confluent_kafka import TopicPartition
+
+        for t, p in list(self.status.log_end):
+            try:
+                _, high = c.get_watermark_offsets(TopicPartition(t, p), timeout=5, cached=False)
+            except Exception:  # the broker is unreachable: keep the last known value
+                continue
+            self.status.log_end[(t, p)] = high
+
+
+# --------------------------------------------------------------------------------------------
+# The context handed to the HTTP modules, and the process
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ConsoleContext:
+    """Everything an HTTP module of the console needs (api, page, review)."""
+
+    view: ConsoleView
+    settings: Settings
+    hub: ChangeHub
+    read_token: str | None
+    write_token: str | None
+    #: a producer for the input topics (manual review); created on first use
+    producer_factory: Callable[[], RecordProducer]
+    console: ConsoleSettings = field(default_factory=ConsoleSettings)
+    status: ConsumerStatus = field(default_factory=ConsumerStatus)
+    topics: Topics | None = None
+
+    def lag(self) -> list[dict[str, Any]]:
+        return self.status.lag(self.view.positions())
+
+    def total_lag(self) -> int | None:
+        rows = self.lag()
+        if not rows or any(r["lag"] is None for r in rows):
+            return None
+        return sum(r["lag"] for r in rows)
+
+
+def _producer_factory(settings: Settings, codec: AvroCodec) -> Callable[[], RecordProducer]:
+    made: list[RecordProducer] = []
+    lock = threading.Lock()
+
+    def factory() -> RecordProducer:
+        from streams.clients import RecordProducer
+
+        with lock:
+            if not made:
+                made.append(RecordProducer(settings, codec))
+            return made[0]
+
+    return factory
+
+
+async def serve(settings: Settings, console: ConsoleSettings, codec: AvroCodec) -> None:
+    """Run until SIGTERM or SIGINT."""
+    from aiohttp import web
+
+    from streams.console.api import create_app
+
+    view = ConsoleView(console.db)
+    hub = ChangeHub()
+    hub.bind(asyncio.get_running_loop())
+    status = ConsumerStatus()
+    ctx = ConsoleContext(
+        view=view,
+        settings=settings,
+        hub=hub,
+        read_token=console.read_token,
+        write_token=console.write_token,
+        producer_factory=_producer_factory(settings, codec),
+        console=console,
+        status=status,
+        topics=Topics.from_settings(settings),
+    )
+    consumer = ConsoleConsumer(settings, console, view, hub, codec, status)
+    thread = threading.Thread(target=consumer.run, name="console-consumer", daemon=True)
+    status.thread = thread
+    thread.start()
+    app = create_app(ctx)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, console.host, console.port)
+    await site.start()
+    print(
+        f"vigil console listening on http://{console.host}:{console.port} (view {console.db})",
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        consumer.stop.set()
+        await runner.cleanup()
+        await asyncio.to_thread(thread.join, 15)
+        view.close()
+
+
+def run(settings: Settings, console: ConsoleSettings | None = None) -> None:
+    """The ``vigil console`` process."""
+    from streams.codec import AvroCodec, RegistryConfig
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    console = console or ConsoleSettings.from_env(settings)
+    codec = AvroCodec.connect(
+        RegistryConfig(settings.schema_registry_url, settings.registry_basic_auth),
+        auto_register=False,
+    )
+    asyncio.run(serve(settings, console, codec))
