@@ -8,6 +8,7 @@ const REVIEWABLE = ["UNKNOWN", "MANUAL_REVIEW"];
 const SETTLED = ["VERIFIED", "FAILED", "CANCELLED"];
 const PAGE_LIMIT = 500;
 const MAX_PAGES = 10;
+const LAG_EVERY_MS = 5000;
 
 const state = {
   approvals: [],
@@ -134,9 +135,10 @@ async function listAll(path) {
   return items;
 }
 function totalLag(body) {
-  // Sums every numeric "lag" in the answer, whatever rows it groups them in.
+  // The answer's total "lag" (null while a partition's end is not known yet); without a
+  // total, the sum of the rows' "lag".
   if (body === null || typeof body !== "object") return 0;
-  if (typeof body.lag === "number") return body.lag;
+  if ("lag" in body) return typeof body.lag === "number" ? body.lag : null;
   let sum = 0;
   for (const v of Object.values(body)) if (v && typeof v === "object") sum += totalLag(v);
   return sum;
@@ -183,6 +185,10 @@ function run(names, alsoExecution) {
     render();
   }).catch((e) => showBanner(`Page error: ${e.message}`));
   return inflight;
+}
+function refreshFreshness() {
+  if (document.hidden) return;
+  fetchers.lag().then(renderFreshness, () => {});
 }
 function refreshAll() { return run(Object.keys(fetchers), true); }
 
@@ -552,4 +558,7 @@ document.addEventListener("DOMContentLoaded", () => {
   window.addEventListener("hashchange", onRoute);
   onRoute();
   connectStream();
+  // The view can catch up on records that change nothing the page shows (no SSE change):
+  // the freshness indicator is re-read on its own every few seconds.
+  setInterval(refreshFreshness, LAG_EVERY_MS);
 });
