@@ -27,7 +27,7 @@ from tests.support import Deployment, deployment, free_port, play, worker
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(150)]
 #: extra execution states published straight to the output topic, so that catching up takes
 #: long enough to be interrupted
-BULK = 30_000
+BULK = 50_000
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def answers(base: str) -> dict[str, Any]:
         out[name] = get(f"/api/{name}", limit="500")
     out["work-items-all"] = get("/api/work-items", open="false", limit="500")
     items, cursor, pages = [], None, 0
-    while True:  # 30,000 executions, walked by cursor
+    while True:  # every execution, walked by cursor
         page = get("/api/executions", limit="500", **({"cursor": cursor} if cursor else {}))
         items += page["items"]
         pages += 1

@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from streams.console.settings import ConsoleSettings
 from streams.console.view import Change, ConsoleView, Incoming
@@ -37,11 +37,14 @@ if TYPE_CHECKING:
     from streams.codec import AvroCodec
 
 log = logging.getLogger("vigil.console")
+T = TypeVar("T")
 
 #: Records applied per SQLite transaction at most.
 BATCH = 2000
 #: How often the log end offsets are asked of the broker for the lag.
 WATERMARK_INTERVAL = 2.0
+#: How often the records applied are logged (while there are any).
+REPORT_INTERVAL = 5.0
 
 
 def console_topics(topics: Topics) -> tuple[tuple[str, bool], ...]:
@@ -285,13 +288,16 @@ class ConsoleConsumer:
             parts = self._partitions(c)
             if not parts:
                 return
-            starts = self._start_offsets(c, parts)
+            starts = self._retrying("finding start offsets", lambda: self._start_offsets(c, parts))
+            if starts is None:
+                return
             c.assign(starts)
             self.status.log_end = {(t, p): -1 for t, ps in parts.items() for p in ps}
-            self._refresh_ends(c)
+            threading.Thread(target=self._watch_ends, name="console-log-ends", daemon=True).start()
             self.status.started = True
             self.status.beat = time.monotonic()
-            last_ends = time.monotonic()
+            last_report = time.monotonic()
+            applied = 0
             log.info(
                 "console consumer assigned %d partitions (%s view)",
                 len(starts),
@@ -322,14 +328,36 @@ class ConsoleConsumer:
                         break
                     batch.append(Incoming(m.topic(), m.partition(), m.offset(), rec))
                 if batch:
+                    applied += len(batch)
                     changes = self.view.apply(batch)
                     self.hub.publish(changes)
                     self._commit(c, batch, TopicPartition)
-                if time.monotonic() - last_ends > WATERMARK_INTERVAL:
-                    self._refresh_ends(c)
-                    last_ends = time.monotonic()
+                now = time.monotonic()
+                if applied and now - last_report > REPORT_INTERVAL:
+                    log.info(
+                        "applied %d records in %.1f s (%.0f/s)",
+                        applied,
+                        now - last_report,
+                        applied / (now - last_report),
+                    )
+                    applied, last_report = 0, now
         finally:
             c.close()
+
+    def _retrying(self, what: str, call: Callable[[], T]) -> T | None:
+        """``call()`` until it succeeds or the consumer is stopped: right after topics are
+        created a partition may have no leader yet, and a broker may be restarting."""
+        from confluent_kafka import KafkaException
+
+        delay = 0.2
+        while not self.stop.is_set():
+            try:
+                return call()
+            except KafkaException as exc:
+                log.warning("%s: %s; again in %.1f s", what, exc, delay)
+                self.stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+        return None
 
     def _rewind(self, c: Consumer, msgs: Sequence[Any]) -> None:
         from confluent_kafka import TopicPartition
@@ -349,15 +377,26 @@ class ConsoleConsumer:
         with contextlib.suppress(Exception):
             c.commit(offsets=[tp(t, p, o) for (t, p), o in last.items()], asynchronous=True)
 
-    def _refresh_ends(self, c: Consumer) -> None:
+    def _watch_ends(self) -> None:
+        """The log end offsets for the lag, asked of the broker every few seconds by a
+        consumer of its own, so that a slow answer never holds up applying records."""
         from confluent_kafka import TopicPartition
 
-        for t, p in list(self.status.log_end):
-            try:
-                _, high = c.get_watermark_offsets(TopicPartition(t, p), timeout=5, cached=False)
-            except Exception:  # the broker is unreachable: keep the last known value
-                continue
-            self.status.log_end[(t, p)] = high
+        c = self._consumer()
+        try:
+            while True:
+                for t, p in list(self.status.log_end):
+                    try:
+                        _, high = c.get_watermark_offsets(
+                            TopicPartition(t, p), timeout=5, cached=False
+                        )
+                    except Exception:  # unreachable or no leader yet: keep the last value
+                        continue
+                    self.status.log_end[(t, p)] = high
+                if self.stop.wait(WATERMARK_INTERVAL):
+                    return
+        finally:
+            c.close()
 
 
 # --------------------------------------------------------------------------------------------

@@ -218,7 +218,7 @@ def _summary(record: Record) -> tuple[str, str, str]:
 
 
 def _dump(record: Record) -> str:
-    return json.dumps(record.model_dump(mode="json"), separators=(",", ":"))
+    return record.model_dump_json()
 
 
 # --------------------------------------------------------------------------------------------
@@ -488,16 +488,12 @@ class ConsoleView:
                     for t, p, n in db.execute("SELECT topic, partition, next_offset FROM offsets")
                 }
                 max_ms: int | None = None
+                moved: dict[tuple[str, int], int] = {}
                 for item in batch:
                     key = (item.topic, item.partition)
                     if item.offset < pos.get(key, -1):
                         continue  # applied before
-                    pos[key] = item.offset + 1
-                    db.execute(
-                        "INSERT INTO offsets VALUES (?, ?, ?) ON CONFLICT (topic, partition)"
-                        " DO UPDATE SET next_offset = excluded.next_offset",
-                        (item.topic, item.partition, item.offset + 1),
-                    )
+                    pos[key] = moved[key] = item.offset + 1
                     if item.record is None:
                         continue
                     change = self._apply_one(db, item)
@@ -506,6 +502,11 @@ class ConsoleView:
                         t = _event_ms(item.record)
                         if t is not None and (max_ms is None or t > max_ms):
                             max_ms = t
+                db.executemany(
+                    "INSERT INTO offsets VALUES (?, ?, ?) ON CONFLICT (topic, partition)"
+                    " DO UPDATE SET next_offset = excluded.next_offset",
+                    [(t, p, n) for (t, p), n in moved.items()],
+                )
                 if max_ms is not None:
                     db.execute(
                         "INSERT INTO meta VALUES ('event_time_ms', ?) ON CONFLICT (key) DO UPDATE"
