@@ -34,7 +34,7 @@ COMPOSE_FILE = DOCKER / "compose.yaml"
 DOCKERFILE = DOCKER / "Dockerfile"
 IGNORE_FILE = DOCKER / "Dockerfile.dockerignore"
 
-VIGIL_SERVICES = ("topics", "worker-1", "worker-2", "ticker")
+VIGIL_SERVICES = ("topics", "worker-1", "worker-2", "ticker", "console")
 WORKERS = ("worker-1", "worker-2")
 # Settings the shell must not leak into the resolved compose file under test.
 ENV_PREFIXES = ("KAFKA_", "SCHEMA_REGISTRY_", "VIGIL_", "COMPOSE_")
@@ -123,6 +123,7 @@ def test_compose_vigil_services_run_the_image(services: dict[str, dict[str, Any]
         "worker-1": ["worker"],
         "worker-2": ["worker"],
         "ticker": ["ticker"],
+        "console": ["console"],
     }
     for name in VIGIL_SERVICES:
         build = services[name]["build"]
@@ -137,10 +138,10 @@ def test_compose_start_order(services: dict[str, dict[str, Any]]) -> None:
 
     assert conditions("topics") == {"kafka": "service_healthy", "registry": "service_healthy"}
     assert conditions("registry") == {"registry-db": "service_healthy"}
-    for name in (*WORKERS, "ticker"):
+    for name in (*WORKERS, "ticker", "console"):
         assert conditions(name) == {"topics": "service_completed_successfully"}, name
     assert services["topics"]["restart"] == "no"
-    for name in ("kafka", "registry-db", "registry", *WORKERS):
+    for name in ("kafka", "registry-db", "registry", *WORKERS, "console"):
         check = services[name]["healthcheck"]
         assert check.get("test") and not check.get("disable"), name
     for name in ("topics", "ticker"):  # no HTTP server to probe
@@ -163,6 +164,21 @@ def test_compose_workers_have_their_own_address_and_data(
         volumes.add(volume["source"])
         assert [(p["host_ip"], p["target"]) for p in svc["ports"]] == [("127.0.0.1", 6066)]
     assert len(volumes) == len(WORKERS)
+
+
+@needs_compose
+def test_compose_console_is_on_loopback_with_its_own_view(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    svc = services["console"]
+    assert [(p["host_ip"], p["target"]) for p in svc["ports"]] == [("127.0.0.1", 6080)]
+    env = svc["environment"]
+    assert env["VIGIL_CONSOLE_PORT"] == "6080" and env["VIGIL_DATA_DIR"] == "/var/lib/vigil"
+    assert env["VIGIL_CONSOLE_TOKEN"] == env["VIGIL_CONSOLE_WRITE_TOKEN"] == ""
+    (volume,) = svc["volumes"]
+    assert volume["target"] == "/var/lib/vigil"
+    assert volume["source"] not in {v["source"] for w in WORKERS for v in services[w]["volumes"]}
+    assert "6080/healthz" in " ".join(svc["healthcheck"]["test"])
 
 
 @needs_compose
