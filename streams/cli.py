@@ -462,6 +462,68 @@ def console_cmd(
     run(s, ConsoleSettings.from_env(s, host=host, port=port, db=db))
 
 
+@app.command("review")
+def review_cmd(
+    operation_id: Annotated[str, typer.Argument(help="Operation id.")],
+    take: Annotated[bool, typer.Option("--take", help="Take it into MANUAL_REVIEW.")] = False,
+    verified: Annotated[
+        bool, typer.Option("--verified", help="Settle it VERIFIED: the effect happened.")
+    ] = False,
+    failed: Annotated[
+        bool, typer.Option("--failed", help="Settle it FAILED: the effect did not happen.")
+    ] = False,
+    note: Annotated[str, typer.Option(help="What the source says (required).")] = "",
+    reviewer: Annotated[str, typer.Option(help="Who you are (required).")] = "",
+    attempt: Annotated[
+        int | None, typer.Option(help="The attempt to review (default: the latest).")
+    ] = None,
+    console_url: Annotated[
+        str, typer.Option("--console", envvar="VIGIL_CONSOLE_URL", help="The console's address.")
+    ] = "http://127.0.0.1:6080",
+) -> None:
+    """Record what the source says about an operation, through the console: publishes one
+    OperationEvent from a human source, which the pipeline applies like any other fact.
+    Needs the console's write token in VIGIL_CONSOLE_WRITE_TOKEN. Refused (exit 1) when the
+    pipeline would not apply it, e.g. settling an operation already VERIFIED."""
+    import os
+
+    import httpx
+
+    actions = [a for a, on in (("take", take), ("verified", verified), ("failed", failed)) if on]
+    if len(actions) != 1:
+        console.print("[red]error:[/red] give exactly one of --take, --verified, --failed")
+        raise typer.Exit(2)
+    if not note.strip() or not reviewer.strip():
+        console.print("[red]error:[/red] --note and --reviewer are required")
+        raise typer.Exit(2)
+    token = os.environ.get("VIGIL_CONSOLE_WRITE_TOKEN")
+    if not token:
+        console.print("[red]error:[/red] VIGIL_CONSOLE_WRITE_TOKEN is not set")
+        raise typer.Exit(2)
+    from urllib.parse import quote
+
+    url = f"{console_url.rstrip('/')}/api/operations/{quote(operation_id, safe='')}/review"
+    body = {"action": actions[0], "note": note, "reviewer": reviewer, "attempt": attempt}
+    try:
+        resp = httpx.post(url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    except httpx.HTTPError as exc:
+        console.print(f"[red]error:[/red] cannot reach the console at {console_url}: {exc}")
+        raise typer.Exit(2) from None
+    try:
+        answer = resp.json()
+    except ValueError:
+        answer = {"error": resp.text[:300]}
+    if resp.status_code >= 400 or not isinstance(answer, dict):
+        message = answer.get("error", resp.text[:300]) if isinstance(answer, dict) else answer
+        console.print(f"[red]{resp.status_code}[/red] {message}")
+        raise typer.Exit(1 if resp.status_code in (404, 409) else 2)
+    out.print(
+        f"{answer.get('kind')} of {operation_id} attempt {answer.get('attempt')}: "
+        f"{answer.get('message')} (event {answer.get('event_id')})",
+        highlight=False,
+    )
+
+
 @app.command("demo")
 def demo(
     pace: Annotated[float, typer.Option(help="Seconds of real time per scenario minute.")] = 0.15,

@@ -34,12 +34,16 @@ check, the log and the producer.
 
 from __future__ import annotations
 
+import asyncio
+import hmac
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from streams.core import operations as ops
 from streams.core.ids import deterministic_id
@@ -52,6 +56,11 @@ from streams.models.enums import (
 )
 from streams.models.events import OperationEvent
 from streams.models.outputs import OperationState
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from streams.console.service import ConsoleContext
 
 log = logging.getLogger("vigil.console.review")
 
@@ -261,6 +270,203 @@ def decide(
     return event
 
 
+# ---------------------------------------------------------------------------------------------
+# The shell: HTTP route, write token, cross-site check, review log, producer
+# ---------------------------------------------------------------------------------------------
+
+REVIEW_LOG = """
+CREATE TABLE IF NOT EXISTS review_log (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT NOT NULL, reviewer TEXT, remote TEXT,
+    operation_id TEXT NOT NULL, execution_id TEXT, attempt INTEGER, action TEXT, note TEXT,
+    outcome TEXT NOT NULL, status INTEGER NOT NULL, message TEXT, event_id TEXT)
+"""
+REVIEW_LOG_INDEX = "CREATE INDEX IF NOT EXISTS review_log_event ON review_log (event_id, outcome)"
+
+
+def cross_site(headers: Mapping[str, str], host: str) -> str | None:
+    """Why a request looks cross-site, or None. A browser sends ``Origin`` with every POST
+    and ``Sec-Fetch-Site`` with every request; a page on another site can make a browser
+    send a request (with its cookies), never one whose ``Origin`` is this console's. A
+    client that is not a browser sends neither and is judged by its token alone."""
+    site = headers.get("Sec-Fetch-Site")
+    if site is not None and site not in ("same-origin", "none"):
+        return f"Sec-Fetch-Site: {site}"
+    origin = headers.get("Origin")
+    if origin is not None:
+        netloc = urlsplit(origin).netloc if "://" in origin else ""
+        if not netloc or netloc.lower() != host.lower():
+            return f"Origin {origin[:100]!r} is not this console ({host[:100]})"
+    return None
+
+
+def write_allowed(authorization: str, write_token: str | None) -> bool:
+    """The write token, and only from the ``Authorization`` header: a cookie is sent by the
+    browser on its own, a header only by code of this origin (or a non-browser client)."""
+    if not write_token:
+        return False
+    return hmac.compare_digest(
+        authorization.encode("utf-8", "surrogateescape"),
+        f"Bearer {write_token}".encode("utf-8", "surrogateescape"),
+    )
+
+
+def register_review(app: web.Application, ctx: ConsoleContext) -> None:
+    """``POST /api/operations/{operation_id}/review``: checks, in this order, that the request
+    is not cross-site (403), carries the write token (401; 403 when this console has none:
+    writes are off), is JSON with a valid body (415, 400), names an operation the view knows
+    (404) and an action the pipeline would apply (409); then publishes the event (202), or
+    answers 200 without publishing when that very event was published already (a double
+    click). Every authenticated request is a row of ``review_log`` and a log line; the token
+    is never logged."""
+    from aiohttp import web
+
+    from streams.topics import Topics
+
+    ctx.view.execute_write(REVIEW_LOG)
+    ctx.view.execute_write(REVIEW_LOG_INDEX)
+    topics = ctx.topics or Topics.from_settings(ctx.settings)
+    topic = topics.operation_events.name
+    lock = asyncio.Lock()
+
+    def reply(status: int, body: dict[str, Any]) -> web.Response:
+        return web.json_response(body, status=status)
+
+    async def record(
+        request: web.Request,
+        operation_id: str,
+        req: ReviewRequest | None,
+        outcome: str,
+        status: int,
+        message: str,
+        event: OperationEvent | None = None,
+    ) -> None:
+        at = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        remote = request.remote or ""
+        row = (
+            at,
+            req.reviewer if req else None,
+            remote,
+            operation_id,
+            event.execution_id if event else None,
+            event.attempt if event else (req.attempt if req else None),
+            str(req.action) if req else None,
+            req.note if req else None,
+            outcome,
+            status,
+            message,
+            event.event_id if event else None,
+        )
+        await asyncio.to_thread(
+            ctx.view.execute_write,
+            "INSERT INTO review_log (at, reviewer, remote, operation_id, execution_id, attempt,"
+            " action, note, outcome, status, message, event_id)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            row,
+        )
+        log.info(
+            "review %s: %s of %s attempt %s by %r from %s: %d %s%s",
+            outcome,
+            req.action if req else "-",
+            operation_id,
+            row[5],
+            req.reviewer if req else None,
+            remote,
+            status,
+            message,
+            f" (event {event.event_id})" if event else "",
+        )
+
+    def load_state(operation_id: str) -> OperationState | None:
+        rows = ctx.view.execute_read(
+            "SELECT record FROM operations WHERE operation_id = ?", (operation_id,)
+        )
+        return OperationState.model_validate_json(rows[0]["record"]) if rows else None
+
+    def published_before(event_id: str) -> dict[str, Any] | None:
+        rows = ctx.view.execute_read(
+            "SELECT at, reviewer FROM review_log WHERE event_id = ? AND outcome = 'published'"
+            " ORDER BY id LIMIT 1",
+            (event_id,),
+        )
+        return rows[0] if rows else None
+
+    def publish(event: OperationEvent) -> None:
+        producer = ctx.producer_factory()
+        producer.send(topic, event, key=event.execution_id)
+        producer.flush(15)
+
+    async def review(request: web.Request) -> web.Response:
+        operation_id = request.match_info["operation_id"]
+        why = cross_site(request.headers, request.host)
+        if why is not None:
+            log.warning("review refused (cross-site: %s) from %s", why, request.remote)
+            return reply(403, {"error": f"cross-site request refused: {why}", "status": 403})
+        if not ctx.write_token:
+            log.warning("review refused (writes are off) from %s", request.remote)
+            return reply(
+                403,
+                {
+                    "error": "writes are off on this console (VIGIL_CONSOLE_WRITE_TOKEN not set)",
+                    "status": 403,
+                },
+            )
+        if not write_allowed(request.headers.get("Authorization", ""), ctx.write_token):
+            log.warning("review refused (no or wrong write token) from %s", request.remote)
+            return reply(
+                401,
+                {
+                    "error": "a write token is required (Authorization: Bearer <token>)",
+                    "status": 401,
+                },
+            )
+        if request.content_type != "application/json":
+            return reply(415, {"error": "the body must be application/json", "status": 415})
+        try:
+            body = await request.json(loads=json.loads)
+        except ValueError:
+            body = None
+        parsed = parse_request(body) if body is not None else Refusal(400, "the body is not JSON")
+        if isinstance(parsed, Refusal):
+            await record(request, operation_id, None, "refused", parsed.status, parsed.message)
+            return reply(parsed.status, parsed.body())
+        async with lock:
+            state = await asyncio.to_thread(load_state, operation_id)
+            decided = decide(state, operation_id, parsed, datetime.now(UTC))
+            if isinstance(decided, Refusal):
+                await record(
+                    request, operation_id, parsed, "refused", decided.status, decided.message
+                )
+                return reply(decided.status, decided.body())
+            event = decided
+            before = await asyncio.to_thread(published_before, event.event_id)
+            answer = {
+                "event_id": event.event_id,
+                "operation_id": operation_id,
+                "execution_id": event.execution_id,
+                "attempt": event.attempt,
+                "kind": str(event.kind),
+                "occurred_at": event.occurred_at.isoformat().replace("+00:00", "Z"),
+            }
+            if before is not None:
+                message = (
+                    f"already published at {before['at']} by {before['reviewer']}; "
+                    "the operation changes when the pipeline applies it"
+                )
+                await record(request, operation_id, parsed, "duplicate", 200, message, event)
+                return reply(200, {**answer, "published": False, "message": message})
+            try:
+                await asyncio.to_thread(publish, event)
+            except Exception as exc:
+                message = f"could not publish the event: {str(exc)[:300]}"
+                await record(request, operation_id, parsed, "failed", 503, message, event)
+                return reply(503, {"error": message, "status": 503})
+            message = f"{event.kind} published; the operation changes when the pipeline applies it"
+            await record(request, operation_id, parsed, "published", 202, message, event)
+            return reply(202, {**answer, "published": True, "message": message})
+
+    app.router.add_post("/api/operations/{operation_id}/review", review)
+
+
 __all__ = [
     "KIND",
     "Refusal",
@@ -268,7 +474,10 @@ __all__ = [
     "ReviewRequest",
     "attempt_status",
     "core_refusal",
+    "cross_site",
     "decide",
     "parse_request",
+    "register_review",
     "review_event_id",
+    "write_allowed",
 ]

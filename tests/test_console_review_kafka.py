@@ -1,0 +1,223 @@
+"""Manual review on the real broker: the demo through a real worker, a real console; a
+review published by the console is applied by the pipeline like any other fact."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from streams.cli import app as cli_app
+from streams.models.enums import (
+    AlertKind,
+    AlertStatus,
+    EvidenceSource,
+    OperationEventKind,
+    OperationStatus,
+)
+from streams.models.events import OperationEvent
+from streams.models.outputs import Alert, OperationState, WorkItemResolution
+from streams.scenario import demo_scenario
+from tests.support import Deployment, deployment, play, worker
+from tests.test_console_kafka import console
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
+WRITE = "review-write-s3cret"
+OP, EX = "op-refund-1", "exec-refund"
+
+
+@pytest.fixture(scope="module")
+def stack(cluster, tmp_path_factory):
+    """The demo scenario, a worker that stays up (it applies the reviews) and a console
+    with a write token."""
+    dep = deployment(cluster, tmp_path_factory.mktemp("review"))
+    play(dep, demo_scenario())
+    with worker(dep) as _w:
+        dep.read_until(
+            [dep.topics.operation_state.name],
+            lambda rs: any(
+                isinstance(r.record, OperationState)
+                and r.record.operation_id == OP
+                and r.record.status is OperationStatus.UNKNOWN
+                and r.record.attempt == 2
+                for r in rs
+            ),
+            60,
+        )
+        db = dep.workdir / "console.sqlite3"
+        with console(dep, db, VIGIL_CONSOLE_WRITE_TOKEN=WRITE) as (proc, base):
+            wait_operation(base, OP, OperationStatus.UNKNOWN)
+            yield dep, base, db, proc
+
+
+def wait_operation(base: str, op: str, status: OperationStatus, timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    rows: list[Any] = []
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{base}/api/operations", params={"execution_id": EX}, timeout=5)
+        rows = [row for row in r.json()["items"] if row["operation_id"] == op]
+        if rows and rows[0]["status"] == status:
+            return rows[0]
+        time.sleep(0.2)
+    raise AssertionError(f"{op} not {status} in the console: {rows}")
+
+
+def post(base: str, op: str, body: dict[str, Any], **headers: str) -> httpx.Response:
+    return httpx.post(f"{base}/api/operations/{op}/review", json=body, headers=headers, timeout=20)
+
+
+AUTH = {"Authorization": f"Bearer {WRITE}"}
+
+
+def human_events(dep: Deployment) -> list[OperationEvent]:
+    return [
+        r.record
+        for r in dep.read([dep.topics.operation_events.name], idle=1.0)
+        if isinstance(r.record, OperationEvent) and r.record.evidence_source is EvidenceSource.HUMAN
+    ]
+
+
+def test_refusals_publish_nothing(stack) -> None:
+    dep, base, _, _ = stack
+    body = {"action": "verified", "note": "bank statement line 7", "reviewer": "alice"}
+    assert post(base, OP, body).status_code == 401
+    assert post(base, OP, body, Authorization="Bearer nope").status_code == 401
+    r = post(base, OP, body, **AUTH, Origin="https://evil.example")
+    assert r.status_code == 403 and "cross-site" in r.json()["error"]
+    r = post(base, OP, body, **AUTH, **{"Sec-Fetch-Site": "cross-site"})
+    assert r.status_code == 403
+    # the page's own origin is welcome
+    same = post(base, "op-nope", body, **AUTH, Origin=base, **{"Sec-Fetch-Site": "same-origin"})
+    assert same.status_code == 404 and "op-nope" in same.json()["error"]
+    # op-sms-1 was settled VERIFIED by the reconciler
+    r = post(base, "op-sms-1", body, **AUTH)
+    assert r.status_code == 409 and "VERIFIED" in r.json()["error"]
+    r = post(base, OP, {"action": "approve", "note": "n", "reviewer": "a"}, **AUTH)
+    assert r.status_code == 400 and r.json()["allowed"]["action"] == ["take", "verified", "failed"]
+    r = httpx.post(
+        f"{base}/api/operations/{OP}/review",
+        content=b"action=verified",
+        headers={**AUTH, "Content-Type": "application/x-www-form-urlencoded"},
+        timeout=10,
+    )
+    assert r.status_code == 415
+    assert human_events(dep) == []
+
+
+def test_take_then_verified_settles_the_unknown_operation(stack) -> None:
+    """`vigil review --take`, then a double POST of verified: one event each; the pipeline
+    applies them, publishes VERIFIED, the work item's resolution and the RESOLVED alert, and
+    the console shows it settled; settling it again is refused and publishes nothing."""
+    dep, base, db, proc = stack
+    runner = CliRunner()
+    env = {"VIGIL_CONSOLE_WRITE_TOKEN": WRITE}
+    take = ["review", OP, "--take", "--note", "calling the bank", "--reviewer", "alice"]
+    res = runner.invoke(cli_app, [*take, "--console", base], env=env)
+    assert res.exit_code == 0, res.output
+    assert "MANUAL_REVIEW" in res.output
+    t0 = time.monotonic()
+    body = {"action": "verified", "note": "bank statement line 7", "reviewer": "alice"}
+    first, second = post(base, OP, body, **AUTH), post(base, OP, body, **AUTH)
+    assert first.status_code == 202 and first.json()["published"] is True, first.text
+    assert second.status_code == 200 and second.json()["published"] is False, second.text
+    assert first.json()["event_id"] == second.json()["event_id"]
+    # the ticker's part: move every partition past the reviews' event time
+    dep.tick(datetime.now(UTC) + timedelta(seconds=1))
+
+    outputs = [
+        dep.topics.operation_state.name,
+        dep.topics.reconciliation_work.name,
+        dep.topics.alerts.name,
+    ]
+
+    def settled(rs: list[Any]) -> bool:
+        recs = [r.record for r in rs]
+        return (
+            any(
+                isinstance(x, OperationState)
+                and x.operation_id == OP
+                and x.status is OperationStatus.VERIFIED
+                for x in recs
+            )
+            and any(isinstance(x, WorkItemResolution) and x.operation_id == OP for x in recs)
+            and any(
+                isinstance(x, Alert)
+                and x.subject_id == OP
+                and x.status is AlertStatus.RESOLVED
+                and x.kind is AlertKind.OPERATION_UNKNOWN
+                for x in recs
+            )
+        )
+
+    records = dep.read_until(outputs, settled, timeout=30)
+    on_topics = time.monotonic() - t0
+    states = [
+        r.record
+        for r in records
+        if isinstance(r.record, OperationState) and r.record.operation_id == OP
+    ]
+    assert [s.status for s in states[-2:]] == [
+        OperationStatus.MANUAL_REVIEW,
+        OperationStatus.VERIFIED,
+    ]
+    (resolution,) = [
+        r.record
+        for r in records
+        if isinstance(r.record, WorkItemResolution) and r.record.operation_id == OP
+    ]
+    assert resolution.evidence_source is EvidenceSource.HUMAN and resolution.attempt == 2
+    row = wait_operation(base, OP, OperationStatus.VERIFIED)
+    in_console = time.monotonic() - t0
+    print(f"review → topics {on_topics:.1f} s, → console {in_console:.1f} s")
+    assert row["attempt"] == 2
+
+    # one input event per action, double POST included
+    events = human_events(dep)
+    assert sorted(e.kind for e in events) == [
+        OperationEventKind.MANUAL_REVIEW,
+        OperationEventKind.VERIFIED,
+    ]
+    assert all(e.execution_id == EX and e.attempt == 2 for e in events)
+
+    # settled now: the console refuses, the CLI says so in one line, nothing is published
+    again = post(base, OP, body, **AUTH)
+    assert again.status_code == 409 and "VERIFIED" in again.json()["error"]
+    res = runner.invoke(
+        cli_app,
+        ["review", OP, "--failed", "--note", "n", "--reviewer", "bob", "--console", base],
+        env=env,
+    )
+    assert res.exit_code == 1 and "409" in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) <= 3  # one message (rich may wrap it)
+    assert len(human_events(dep)) == 2
+
+    # every action recorded with who and when; the token in no log
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT reviewer, action, outcome, status, at, operation_id FROM review_log ORDER BY id"
+        ).fetchall()
+    assert ("alice", "take", "published", 202) in [r[:4] for r in rows]
+    verified = [r[2] for r in rows if r[0] == "alice" and r[1] == "verified" and r[5] == OP]
+    assert verified == ["published", "duplicate", "refused"]
+    assert all(r[4] for r in rows)
+    assert ("bob", "failed", "refused", 409) in [r[:4] for r in rows]
+    assert WRITE not in proc.log_path.read_text()
+
+
+def test_cli_errors_are_one_line(stack) -> None:
+    _, base, _, _ = stack
+    runner = CliRunner()
+    args = ["review", OP, "--verified", "--note", "n", "--reviewer", "r", "--console", base]
+    res = runner.invoke(cli_app, args, env={"VIGIL_CONSOLE_WRITE_TOKEN": "wrong"})
+    assert res.exit_code == 2 and "401" in res.output and "Traceback" not in res.output
+    res = runner.invoke(cli_app, args, env={"VIGIL_CONSOLE_WRITE_TOKEN": ""})
+    assert res.exit_code == 2 and "VIGIL_CONSOLE_WRITE_TOKEN" in res.output
+    res = runner.invoke(
+        cli_app, [*args[:-1], "http://127.0.0.1:9"], env={"VIGIL_CONSOLE_WRITE_TOKEN": WRITE}
+    )
+    assert res.exit_code == 2 and "cannot reach" in res.output and "Traceback" not in res.output
