@@ -544,3 +544,163 @@ def test_operation_owner_follows_the_status() -> None:
     assert operation_owner(OperationState(status="VERIFIED", **base)) is None
     acked = OperationState(status="ACKNOWLEDGED", open_work_item_id="wi", **base)
     assert operation_owner(acked) is Owner.CONNECTOR_OWNER
+
+
+# ------------------------------------------------------------------ the JSON API over HTTP
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    """The console's aiohttp application on a real local socket, over the demo's view."""
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from streams.console.api import create_app
+    from streams.console.service import ChangeHub, ConsoleContext
+    from streams.settings import Settings
+
+    v = ConsoleView(tmp_path_factory.mktemp("api") / "console.sqlite3")
+    v.apply(DEMO)
+    settings = Settings()
+
+    def no_producer():
+        raise RuntimeError("no producer in this test")
+
+    def ctx(read_token=None):
+        return ConsoleContext(
+            view=v,
+            settings=settings,
+            hub=ChangeHub(),
+            read_token=read_token,
+            write_token="w-token" if read_token else None,
+            producer_factory=no_producer,
+        )
+
+    loop = asyncio.new_event_loop()
+    open_client = TestClient(TestServer(create_app(ctx())), loop=loop)
+    locked_client = TestClient(TestServer(create_app(ctx("r-token"))), loop=loop)
+    loop.run_until_complete(open_client.start_server())
+    loop.run_until_complete(locked_client.start_server())
+    yield loop, open_client, locked_client
+    loop.run_until_complete(open_client.close())
+    loop.run_until_complete(locked_client.close())
+    loop.close()
+    v.close()
+
+
+def _get(api, path: str, client: int = 1, **kw: Any) -> tuple[int, Any]:
+    loop, *clients = api
+
+    async def go() -> tuple[int, Any]:
+        r = await clients[client - 1].get(path, **kw)
+        return r.status, await r.json(content_type=None)
+
+    return loop.run_until_complete(go())
+
+
+def test_api_lists_and_as_of(api) -> None:
+    status, body = _get(api, "/api/approvals?verdict=STUCK_AFTER_DECISION")
+    assert status == 200
+    (a,) = body["items"]
+    assert a["request_id"] == "req-deploy" and a["owner"] == "RUNTIME_OWNER"
+    assert body["as_of"]["event_time"] and body["as_of"]["offsets"]
+    assert "lag" in body["as_of"]
+    status, body = _get(api, "/api/executions/exec-refund")
+    assert status == 200 and body["operations"][0]["status"] == "UNKNOWN"
+    status, body = _get(api, "/api/executions/exec-refund/timeline")
+    assert status == 200 and body["items"]
+    assert _get(api, "/api/executions/nope")[0] == 404
+    assert _get(api, "/api/executions/nope/timeline")[0] == 404
+    status, body = _get(api, "/api/summary")
+    assert status == 200 and body["operations_by_status"]["UNKNOWN"] == 1
+    status, body = _get(api, "/api/lag")
+    assert status == 200 and body["consumer_alive"] is False
+    assert _get(api, "/healthz")[0] == 503  # no consumer thread in this test
+
+
+def test_api_refuses_bad_input_with_the_allowed_values(api) -> None:
+    status, body = _get(api, "/api/operations?status=SORT_OF")
+    assert status == 400 and "UNKNOWN" in body["allowed"]["status"]
+    status, body = _get(api, "/api/operations?status=UNKNOWN&status=FAILED")
+    assert status == 400 and "2 times" in body["error"]
+    status, body = _get(api, "/api/summary?x=1")
+    assert status == 400
+    assert _get(api, "/api/executions/" + "x" * 300)[0] == 400
+
+
+def test_api_read_token(api) -> None:
+    assert _get(api, "/api/summary", client=2)[0] == 401
+    bad = {"Authorization": "Bearer nope"}
+    assert _get(api, "/api/summary", client=2, headers=bad)[0] == 401
+    for token in ("r-token", "w-token"):
+        ok = {"Authorization": f"Bearer {token}"}
+        assert _get(api, "/api/summary", client=2, headers=ok)[0] == 200
+    assert _get(api, "/api/summary", client=2, cookies={"vigil_console_token": "r-token"})[0] == 200
+    assert _get(api, "/healthz", client=2)[0] == 503  # open, and says the consumer is down
+
+
+hostile_text = st.text(max_size=40) | st.sampled_from(
+    ["%00", "\x00", "' OR 1=1 --", "-1", "1e9", "999999999999", "🙂", "%ff%fe", "../../etc"]
+)
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    path=st.sampled_from(
+        [*(f"/api/{n}" for n in LISTS), "/api/summary", "/api/lag", "/api/executions/{x}",
+         "/api/executions/{x}/timeline"]
+    ),
+    params=st.lists(st.tuples(st.sampled_from(
+        ["limit", "cursor", "sort", "verdict", "owner", "status", "open", "since_before",
+         "since_after", "kind", "severity", "connector", "terminal", "action"]
+    ) | st.text(max_size=8), hostile_text), max_size=4),
+    x=hostile_text,
+)  # fmt: skip
+def test_api_never_answers_500_to_hostile_input(api, path, params, x) -> None:
+    from urllib.parse import quote
+
+    path = path.replace("{x}", quote(x, safe="") or "e")
+    status, body = _get(api, path, params=params)
+    assert status in (200, 400, 404), (status, body)
+    if status == 400:
+        assert body["error"]
+
+
+def test_change_hub_fans_out_and_drops_a_slow_subscriber() -> None:
+    import asyncio
+
+    from streams.console.service import ChangeHub
+
+    async def scenario() -> None:
+        hub = ChangeHub(queue_size=2)
+        hub.bind(asyncio.get_running_loop())
+        fast_got: list[Any] = []
+
+        async def fast() -> None:
+            async for changes in hub.subscribe():
+                fast_got.append(changes)
+                if len(fast_got) == 5:
+                    return
+
+        slow = hub.subscribe()
+        slow_first = asyncio.ensure_future(slow.__anext__())
+        task = asyncio.ensure_future(fast())
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        for i in range(5):
+            # published from another thread, as the consumer does
+            await asyncio.to_thread(
+                hub.publish, [{"kind": "alert", "id": str(i), "execution_id": "e"}]
+            )
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(task, 5)
+        assert [c[0]["id"] for c in fast_got] == ["0", "1", "2", "3", "4"]
+        assert (await slow_first)[0]["id"] == "0"
+        rest = [c async for c in slow]  # dropped once its queue was full: the iterator ends
+        assert len(rest) < 4
+        assert hub.subscribers == 0
+
+    asyncio.run(scenario())
