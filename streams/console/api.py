@@ -17,6 +17,7 @@ import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -46,7 +47,8 @@ def read_allowed(request: web.Request, ctx: ConsoleContext) -> bool:
         return True
     tokens = [t for t in (ctx.read_token, ctx.write_token) if t]
     header = request.headers.get("Authorization", "")
-    cookie = request.cookies.get(TOKEN_COOKIE, "")
+    # the page sets the cookie with encodeURIComponent(token)
+    cookie = unquote(request.cookies.get(TOKEN_COOKIE, ""))
     return any(_same(header, f"Bearer {t}") or (cookie and _same(cookie, t)) for t in tokens)
 
 
