@@ -14,9 +14,11 @@ from streams.console.review import (
     Refusal,
     ReviewAction,
     ReviewRequest,
+    cross_site,
     decide,
     parse_request,
     review_event_id,
+    write_allowed,
 )
 from streams.core import operations as ops
 from streams.models.enums import EvidenceSource, OperationEventKind, OperationStatus
@@ -266,3 +268,30 @@ def test_a_good_body() -> None:
     assert got == ReviewRequest(ReviewAction.FAILED, "gateway says no", "bob", None)
     got = parse_request({"action": "take", "note": "n", "reviewer": "bob", "attempt": 2})
     assert isinstance(got, ReviewRequest) and got.attempt == 2
+
+
+@pytest.mark.parametrize(
+    ("headers", "refused"),
+    [
+        ({}, False),  # a client that is not a browser: its token decides
+        ({"Origin": "http://console.local:6080"}, False),
+        ({"Origin": "http://CONSOLE.local:6080", "Sec-Fetch-Site": "same-origin"}, False),
+        ({"Sec-Fetch-Site": "none"}, False),
+        ({"Origin": "https://evil.example"}, True),
+        ({"Origin": "http://console.local:6081"}, True),
+        ({"Origin": "null"}, True),
+        ({"Sec-Fetch-Site": "cross-site"}, True),
+        ({"Sec-Fetch-Site": "same-site"}, True),
+        ({"Origin": "http://console.local:6080", "Sec-Fetch-Site": "cross-site"}, True),
+    ],
+)
+def test_cross_site_requests_are_recognised(headers: dict[str, str], refused: bool) -> None:
+    assert (cross_site(headers, "console.local:6080") is not None) is refused
+
+
+def test_the_write_token_is_compared_whole() -> None:
+    assert write_allowed("Bearer w-token", "w-token")
+    assert not write_allowed("Bearer w-toke", "w-token")
+    assert not write_allowed("Bearer w-token-and-more", "w-token")
+    assert not write_allowed("w-token", "w-token")
+    assert not write_allowed("", None) and not write_allowed("Bearer ", "")

@@ -13,12 +13,15 @@ import pytest
 from typer.testing import CliRunner
 
 from streams.cli import app as cli_app
+from streams.client import BadRequest, Client, NotFound
 from streams.models.enums import (
     AlertKind,
     AlertStatus,
     EvidenceSource,
     OperationEventKind,
     OperationStatus,
+    Owner,
+    RetryVerdict,
 )
 from streams.models.events import OperationEvent
 from streams.models.outputs import Alert, OperationState, WorkItemResolution
@@ -107,6 +110,33 @@ def test_refusals_publish_nothing(stack) -> None:
     )
     assert r.status_code == 415
     assert human_events(dep) == []
+
+
+def test_client_lists_from_the_console(stack) -> None:
+    """``streams.client`` against the console: typed pages, cursors, typed 400s."""
+    _, base, _, _ = stack
+    with Client(console_url=base) as client:
+        page = client.operations(status="UNKNOWN", limit=1)
+        assert [o.operation_id for o in page.items] == [OP]
+        assert page.items[0].status is OperationStatus.UNKNOWN
+        assert page.items[0].retry is RetryVerdict.FORBIDDEN and page.as_of.offsets
+        stuck = client.approvals(verdict="STUCK_AFTER_DECISION")
+        assert [a.request_id for a in stuck.items] == ["req-deploy"]
+        assert stuck.items[0].owner is Owner.RUNTIME_OWNER
+        first = client.approvals(limit=2)
+        assert len(first.items) == 2 and first.next_cursor is not None
+        every = list(client.pages("approvals", limit=2))
+        assert len(every) > 2 and len({a.request_id for a in every}) == len(every)
+        assert every[:2] == list(first.items)
+        walked = [e.execution_id for e in client.pages("executions", limit=3)]
+        assert walked == [e.execution_id for e in client.executions(limit=500).items]
+        assert {EX, "exec-sms-reminder", "exec-invoice-run"} <= set(walked)
+        assert any(w.operation_id == OP for w in client.work_items().items)
+        with pytest.raises(BadRequest) as bad:
+            client.operations(status="SOMETIMES")
+        assert "UNKNOWN" in str(bad.value.allowed)
+        with pytest.raises(NotFound):
+            client.timeline("no-such-run")
 
 
 def test_take_then_verified_settles_the_unknown_operation(stack) -> None:
