@@ -483,13 +483,29 @@ async def serve(settings: Settings, console: ConsoleSettings, codec: AvroCodec) 
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+
+    async def watch_consumer() -> None:
+        # A console whose consumer died serves an ever older view: exit, so that the
+        # orchestrator restarts it (it resumes from the stored positions).
+        while not stop.is_set():
+            await asyncio.sleep(1.0)
+            if not thread.is_alive() and not consumer.stop.is_set():
+                log.error("the consumer thread ended (%s); stopping", status.error)
+                failed.append(status.error or "ended")
+                stop.set()
+
+    failed: list[str] = []
+    watcher = asyncio.ensure_future(watch_consumer())
     try:
         await stop.wait()
     finally:
+        watcher.cancel()
         consumer.stop.set()
         await runner.cleanup()
         await asyncio.to_thread(thread.join, 15)
         view.close()
+    if failed:
+        raise SystemExit(1)
 
 
 def run(settings: Settings, console: ConsoleSettings | None = None) -> None:
