@@ -14,16 +14,22 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from streams.models.enums import ExecutionStatus, OperationEventKind
+from streams.models.enums import (
+    AlertStatus,
+    EvidenceSource,
+    ExecutionStatus,
+    OperationEventKind,
+    OperationStatus,
+)
 from streams.models.events import ExecutionStatusChanged, OperationEvent
-from streams.models.outputs import ApprovalVerdict
+from streams.models.outputs import Alert, ApprovalVerdict, OperationState, WorkItemResolution
 from streams.scenario import REFERENCE_AT, Tick, demo_scenario
 from tests.support import ROOT, Deployment, deployment, free_port, play, worker
 
@@ -230,3 +236,60 @@ def test_a_new_fact_appears_without_a_reload(stack, page) -> None:
     # the indicator moved on to the event time of the new facts
     assert _as_of(page) >= t0 + timedelta(seconds=35) > as_of_before
     print(f"new UNKNOWN operation on the open page {shown_after:.1f} s after its facts")
+
+
+def test_review_settles_the_unknown_operation_as_verified(stack, page) -> None:
+    dep, _ = stack
+    row = _item(page, "operation", "op-refund-1")
+    row.wait_for(timeout=SHOWN_WITHIN_MS)
+    page.evaluate("window.__sameDocument = true")
+    # a refusal shows the server's message (here: a wrong write token) and publishes nothing
+    page.evaluate("sessionStorage.setItem('vigil.writeToken', 'not-the-write-token')")
+    row.locator("button.failed").click()
+    refused = row.locator(".review-result.refused")
+    refused.wait_for(timeout=SHOWN_WITHIN_MS)
+    assert "write token" in refused.inner_text()
+    page.evaluate(f"sessionStorage.setItem('vigil.writeToken', {WRITE_TOKEN!r})")
+    row.locator("input.note").fill("refund ref R-77 found in the payments ledger")
+    started = time.monotonic()
+    row.locator("button.verified").click()
+    page.wait_for_selector(".review-result.sent", timeout=SHOWN_WITHIN_MS)
+    # the review happened now (wall clock); the ticker's part: move the inputs past it
+    dep.tick(datetime.now(UTC) + timedelta(seconds=1))
+    # settled: it leaves "needs attention" without a reload
+    row.wait_for(state="detached", timeout=SHOWN_WITHIN_MS)
+    settled_after = time.monotonic() - started
+    assert page.evaluate("window.__sameDocument === true")
+    # the pipeline published it: the state, the work items' resolutions, the RESOLVED alert
+    op = "op-refund-1"
+
+    def settled(rs: list[Any]) -> bool:
+        recs = [r.record for r in rs]
+        return (
+            any(
+                isinstance(x, OperationState)
+                and x.operation_id == op
+                and x.status == OperationStatus.VERIFIED
+                for x in recs
+            )
+            and any(
+                isinstance(x, WorkItemResolution)
+                and x.operation_id == op
+                and x.outcome == OperationStatus.VERIFIED
+                and x.evidence_source == EvidenceSource.HUMAN
+                for x in recs
+            )
+            and any(
+                isinstance(x, Alert) and x.subject_id == op and x.status == AlertStatus.RESOLVED
+                for x in recs
+            )
+        )
+
+    t = dep.topics
+    dep.read_until(
+        [t.operation_state.name, t.reconciliation_work.name, t.alerts.name], settled, timeout=30
+    )
+    # and the execution page shows it VERIFIED
+    page.goto(page.url.split("#")[0] + "#/executions/exec-refund")
+    page.wait_for_selector("td >> text=VERIFIED", timeout=SHOWN_WITHIN_MS)
+    print(f"review to settled on the page: {settled_after:.1f} s")
