@@ -64,7 +64,9 @@ def _table(app: faust.App, name: str, partitions: int, *, packed: bool = False) 
     )
 
 
-async def seek_in_consumer_thread(consumer: Any, tp: Any, offset: int) -> bool:
+async def seek_in_consumer_thread(
+    consumer: Any, tp: Any, offset: int, still: Callable[[], bool] = lambda: True
+) -> bool:
     """``Consumer.seek``, with aiokafka's part run on the consumer's own thread, and only if
     the partition is still assigned there. Returns whether it sought.
 
@@ -88,7 +90,9 @@ async def seek_in_consumer_thread(consumer: Any, tp: Any, offset: int) -> bool:
         return True
 
     def seek_if_assigned() -> bool:
-        if tp not in thread.assignment():
+        # ``still``: no rebalance since the seek was decided (a stale offset sought after one
+        # would hand over records the new generation's owner may have committed since)
+        if not still() or tp not in thread.assignment():
             return False
         thread.seek(tp, offset)
         return True
@@ -203,7 +207,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         """Wait until the broker has every output sent so far (raises if one failed)."""
         await asyncio.to_thread(outputs.flush, 60.0)
 
-    async def admit(msg: Any) -> bool:
+    async def admit(msg: Any, generation: int) -> bool:
         """The offset guard: whether to process ``msg`` (see ``streams/offsets.py``)."""
         tp = (msg.topic, msg.partition)
         arrived[tp] = time.monotonic()
@@ -214,6 +218,8 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         check = guard.check(tp, msg.offset, retry=time.monotonic() - last_seek.get(tp, 0) > 1)
         if check in (Check.NEXT, Check.AGAIN):
             return True
+        if check is Check.COMMITTED:
+            return False
         if check is Check.HOLE:
             log.error("offsets %s..%s of %s were never delivered: accepted", *tp, msg.offset)
             return True
@@ -227,15 +233,17 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
             log.warning(
                 "%s[%s]: handed offset %s while %s was next; seeking back", *tp, msg.offset, want
             )
-            await seek(msg.tp, want)
+            await seek(msg.tp, want, generation)
         return False
 
-    async def seek(tp: Any, offset: int) -> bool:
+    async def seek(tp: Any, offset: int, generation: int) -> bool:
         last_seek[(tp.topic, tp.partition)] = time.monotonic()
         gaps = getattr(app.consumer, "_gap", None)
         if gaps is not None and tp in gaps:
             gaps[tp].clear()  # the skipped offsets are not acknowledged: they come again
-        return await seek_in_consumer_thread(app.consumer, tp, offset)
+        return await seek_in_consumer_thread(
+            app.consumer, tp, offset, lambda: rebalances[0] == generation
+        )
 
     @app.timer(interval=2.0)
     async def watchdog() -> None:
@@ -296,7 +304,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
                     want,
                     end - 1,
                 )
-                if await seek(tp, want):
+                if await seek(tp, want, generation):
                     guard.seeks += 1
 
     @app.timer(interval=settings.state_gauges_interval.total_seconds())
@@ -356,7 +364,7 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         handle = processor.handle
         limit = settings.max_record_failures
         for msg in batch:
-            if msg.tp not in assignment or not await admit(msg):
+            if msg.tp not in assignment or not await admit(msg, generation):
                 continue
             if rebalances[0] != generation:
                 return  # forget_partitions dropped this batch's state: it comes again

@@ -83,6 +83,13 @@ class VigilCollector:
             )
             lost.add_metric([], self.guard.skipped_records)
             yield lost
+            below = CounterMetricFamily(
+                "vigil_inputs_below_committed",
+                "Input records handed over below the offset the group had committed (a stale "
+                "fetch position after a rebalance): skipped, their effect is already stored",
+            )
+            below.add_metric([], self.guard.below_committed)
+            yield below
         anomalies = CounterMetricFamily("vigil_anomalies", "Anomalies by kind", labels=["kind"])
         for kind, n in sorted(c.anomalies.items()):
             anomalies.add_metric([str(kind)], n)
