@@ -530,17 +530,25 @@ def demo(
     keep: Annotated[
         bool, typer.Option(help="Leave the local broker and registry running.")
     ] = False,
+    serve: Annotated[
+        bool,
+        typer.Option(
+            help="After the scenario, keep worker, console and a wall-clock ticker running "
+            "until Ctrl-C (--no-serve: stop at once)."
+        ),
+    ] = True,
 ) -> None:
     """Run the main job on the bundled scenario, live.
 
     Starts the local broker and registry (unless KAFKA_BOOTSTRAP_SERVERS is set), creates
-    topics, runs a worker, plays the reference audit, a connector timeout reconciled later, a
-    forbidden retry and a normal execution, and shows verdicts, work items and alerts as they
-    arrive. Ctrl-C stops all it started.
+    topics, runs a worker and the operator console, plays the reference audit, a connector
+    timeout reconciled later, a forbidden retry and a normal execution (moved in time to end
+    now), and shows verdicts, work items and alerts as they arrive. Ends by printing the
+    console's address (and a write token for manual review); Ctrl-C stops all it started.
     """
     from streams.demo import run_demo
 
-    raise typer.Exit(run_demo(pace=pace, keep=keep, console=out))
+    raise typer.Exit(run_demo(pace=pace, keep=keep, console=out, serve=serve))
 
 
 def main() -> None:

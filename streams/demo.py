@@ -4,15 +4,21 @@ It starts (unless a cluster is configured) the local broker and registry, create
 of topics, starts a worker process, and plays the scenario — the reference audit of six
 approval requests, an SMS whose connector never answers and is later reconciled, a refund
 retried while its first attempt is unanswered, and an ordinary execution to completion —
-with the scenario's own clock ticks, paced so the outputs arrive as they would live. Ctrl-C
-stops everything it started.
+with the scenario's own clock ticks, paced so the outputs arrive as they would live. The
+scenario is moved in time so that it ends now. It also starts ``vigil console`` on the same
+topics; once the scenario is played and the console has caught up, the demo prints the
+console's address and keeps worker, console and a wall-clock ticker running (time goes on, and
+a review made on the page is applied within a second) until Ctrl-C, which stops everything it
+started (``--no-serve``: stop at once instead).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -20,10 +26,11 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from rich.console import Console
@@ -44,7 +51,7 @@ from streams.models.outputs import (
     ReconciliationWorkItem,
     WorkItemResolution,
 )
-from streams.scenario import REFERENCE_AT, Tick, demo_scenario
+from streams.scenario import REFERENCE_AT, Tick, demo_scenario, shifted
 from streams.settings import Settings
 from streams.topics import Topics
 
@@ -112,7 +119,9 @@ STYLE = {
 }
 
 
-def run_demo(pace: float = 0.15, keep: bool = False, console: Console | None = None) -> int:
+def run_demo(
+    pace: float = 0.15, keep: bool = False, console: Console | None = None, serve: bool = True
+) -> int:
     console = console or Console()
     started_cluster = False
     cluster = localstack.cluster_from_env()
@@ -138,6 +147,12 @@ def run_demo(pace: float = 0.15, keep: bool = False, console: Console | None = N
     prepare_registry(settings, codec)
     console.print(f"Topics [bold]{settings.topic_prefix}.*[/bold] created.")
     worker = _start_worker(settings, workdir)
+    write_token = secrets.token_urlsafe(16)
+    ui_port = _free_port()
+    ui = _start_console(settings, workdir, ui_port, write_token)
+    # the scenario moved so that it ends now: then wall-clock ticks carry its time on
+    delta = datetime.now(UTC).replace(microsecond=0) - (REFERENCE_AT + timedelta(seconds=1))
+    steps = shifted(demo_scenario(), delta)
     stop = threading.Event()
     seen: list[Record] = []
     reader = threading.Thread(
@@ -148,11 +163,11 @@ def run_demo(pace: float = 0.15, keep: bool = False, console: Console | None = N
         _wait_ready(worker, workdir / "worker.log", console)
         reader.start()
         console.print(
-            f"[bold]Playing the scenario[/bold] (scenario clock, {len(demo_scenario())} steps)…\n"
+            f"[bold]Playing the scenario[/bold] (scenario clock, {len(steps)} steps, ending now)…\n"
         )
         producer = RecordProducer(settings, codec)
         with _ctrl_c_between_steps() as interrupted:
-            for step in demo_scenario():
+            for step in steps:
                 if isinstance(step, Tick):
                     for spec in topics.inputs():
                         producer.tick(spec.name, spec.partitions, step.at, "demo-scenario-clock")
@@ -165,13 +180,34 @@ def run_demo(pace: float = 0.15, keep: bool = False, console: Console | None = N
                     raise KeyboardInterrupt
             producer.flush()
         _wait_quiet(seen, console)
-        _summary(seen, console)
+        _summary(seen, console, REFERENCE_AT + delta)
+        url = f"http://127.0.0.1:{ui_port}/"
+        caught_up = _wait_console(url, ui, console)
+        console.print(
+            f"\n[bold]Console:[/bold] {url}"
+            + ("" if caught_up else " (still catching up)")
+            + f"\n  write token for manual review: {write_token}"
+        )
+        if not serve:
+            return 0
+        console.print(
+            "Worker, console and a wall-clock ticker keep running: time goes on as it would "
+            "live. Ctrl-C stops everything."
+        )
+        with _ctrl_c_between_steps() as interrupted:
+            while not interrupted.is_set():
+                for spec in topics.inputs():
+                    producer.tick(spec.name, spec.partitions, datetime.now(UTC), "demo-ticker")
+                producer.flush()
+                interrupted.wait(1.0)
+        console.print("\nStopping what the demo started…")
         return 0
     except KeyboardInterrupt:
         console.print("\n[yellow]Interrupted: stopping what the demo started…[/yellow]")
         return 130
     finally:
         stop.set()
+        _stop(ui)
         _stop(worker)
         if reader.is_alive():
             reader.join(10)
@@ -199,6 +235,55 @@ def _ctrl_c_between_steps() -> Iterator[threading.Event]:
         yield interrupted
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start_console(
+    settings: Settings, workdir: Path, port: int, write_token: str
+) -> subprocess.Popen[bytes]:
+    """``vigil console`` on the demo's topics, its view under the demo's work dir."""
+    env = dict(os.environ)
+    env.update(
+        KAFKA_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
+        SCHEMA_REGISTRY_URL=settings.schema_registry_url,
+        VIGIL_TOPIC_PREFIX=settings.topic_prefix,
+        VIGIL_APP_ID=settings.app_id,
+        VIGIL_PARTITIONS=str(settings.partitions),
+        VIGIL_CONSOLE_PORT=str(port),
+        VIGIL_CONSOLE_DB=str(workdir / "console.sqlite3"),
+        VIGIL_CONSOLE_WRITE_TOKEN=write_token,
+        VIGIL_CONSOLE_ALERTS_SINCE="all",
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
+    env.pop("VIGIL_CONSOLE_TOKEN", None)
+    log = (workdir / "console.log").open("wb")
+    return subprocess.Popen(
+        [sys.executable, "-m", "streams.cli", "console", "--data-dir", str(workdir / "data")],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=workdir,
+        start_new_session=True,
+    )
+
+
+def _wait_console(url: str, ui: subprocess.Popen[bytes], console: Console) -> bool:
+    """Until the console has applied everything on the output topics (at most a minute)."""
+    with console.status("Waiting for the console to catch up…"):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and ui.poll() is None:
+            with contextlib.suppress(Exception):
+                with urllib.request.urlopen(url + "api/lag", timeout=3) as r:
+                    body = json.loads(r.read())
+                if body.get("caught_up") and body.get("as_of", {}).get("event_time"):
+                    return True
+            time.sleep(0.5)
+    return False
 
 
 def _start_worker(settings: Settings, workdir: Path) -> subprocess.Popen[bytes]:
@@ -313,15 +398,15 @@ def _wait_quiet(
             time.sleep(0.3)
 
 
-def _summary(seen: list[Record], console: Console) -> None:
+def _summary(seen: list[Record], console: Console, at: datetime = REFERENCE_AT) -> None:
     counts = Counter(type(r).__name__ for r in seen)
     console.print()
-    table = Table(title=f"Approval waits at {REFERENCE_AT.isoformat()}")
+    table = Table(title=f"Approval waits at {at.isoformat()}")
     for col in ("request", "verdict", "owner", "failed proofs", "next safe step"):
         table.add_column(col)
     final: dict[str, ApprovalVerdict] = {}
     for r in seen:
-        if isinstance(r, ApprovalVerdict) and r.evaluated_at <= REFERENCE_AT:
+        if isinstance(r, ApprovalVerdict) and r.evaluated_at <= at:
             cur = final.get(r.request_id)
             if cur is None or r.evaluated_at >= cur.evaluated_at:
                 final[r.request_id] = r

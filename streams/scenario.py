@@ -220,3 +220,21 @@ def dump_steps(steps: Iterable[Step]) -> Iterator[str]:
             yield json.dumps({"tick": s.at.isoformat()})
         else:
             yield json.dumps({"type": s.avro_name, **s.model_dump(mode="json")})
+
+
+def shifted(steps: Iterable[Step], delta: timedelta) -> list[Step]:
+    """The same steps ``delta`` later: every time a record carries (event times, expiries,
+    deadlines) and every tick moves, durations and ids do not. ``vigil demo`` plays the
+    scenario so that it ends now, and then keeps the clock running with wall-clock ticks."""
+    out: list[Step] = []
+    for step in steps:
+        if isinstance(step, Tick):
+            out.append(Tick(step.at + delta))
+            continue
+        update = {
+            name: value + delta
+            for name, value in step.__dict__.items()
+            if isinstance(value, datetime)
+        }
+        out.append(step.model_copy(update=update))
+    return out
