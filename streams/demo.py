@@ -247,6 +247,19 @@ def _start_console(
     settings: Settings, workdir: Path, port: int, write_token: str
 ) -> subprocess.Popen[bytes]:
     """``vigil console`` on the demo's topics, its view under the demo's work dir."""
+    env = _child_env(
+        settings,
+        VIGIL_CONSOLE_PORT=str(port),
+        VIGIL_CONSOLE_DB=str(workdir / "console.sqlite3"),
+        VIGIL_CONSOLE_WRITE_TOKEN=write_token,
+        VIGIL_CONSOLE_ALERTS_SINCE="all",
+    )
+    env.pop("VIGIL_CONSOLE_TOKEN", None)
+    return _spawn(["console", "--data-dir", str(workdir / "data")], env, workdir / "console.log")
+
+
+def _child_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """The environment of a process the demo starts: its cluster, topics and app id."""
     env = dict(os.environ)
     env.update(
         KAFKA_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
@@ -254,20 +267,21 @@ def _start_console(
         VIGIL_TOPIC_PREFIX=settings.topic_prefix,
         VIGIL_APP_ID=settings.app_id,
         VIGIL_PARTITIONS=str(settings.partitions),
-        VIGIL_CONSOLE_PORT=str(port),
-        VIGIL_CONSOLE_DB=str(workdir / "console.sqlite3"),
-        VIGIL_CONSOLE_WRITE_TOKEN=write_token,
-        VIGIL_CONSOLE_ALERTS_SINCE="all",
         PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+        **extra,
     )
-    env.pop("VIGIL_CONSOLE_TOKEN", None)
-    log = (workdir / "console.log").open("wb")
+    return env
+
+
+def _spawn(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """``vigil ARGS`` in a session of its own (stopped with its children), logging to a file."""
+    log = log_path.open("wb")
     return subprocess.Popen(
-        [sys.executable, "-m", "streams.cli", "console", "--data-dir", str(workdir / "data")],
+        [sys.executable, "-m", "streams.cli", *args],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
-        cwd=workdir,
+        cwd=log_path.parent,
         start_new_session=True,
     )
 
@@ -287,36 +301,8 @@ def _wait_console(url: str, ui: subprocess.Popen[bytes], console: Console) -> bo
 
 
 def _start_worker(settings: Settings, workdir: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ)
-    env.update(
-        KAFKA_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
-        SCHEMA_REGISTRY_URL=settings.schema_registry_url,
-        VIGIL_TOPIC_PREFIX=settings.topic_prefix,
-        VIGIL_APP_ID=settings.app_id,
-        VIGIL_PARTITIONS=str(settings.partitions),
-        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-    )
-    with socket.socket() as sock:  # any free port for the worker's web server
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    log = (workdir / "worker.log").open("wb")
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "streams.cli",
-            "worker",
-            "--web-port",
-            str(port),
-            "--data-dir",
-            str(workdir / "data"),
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=workdir,
-        start_new_session=True,
-    )
+    args = ["worker", "--web-port", str(_free_port()), "--data-dir", str(workdir / "data")]
+    return _spawn(args, _child_env(settings), workdir / "worker.log")
 
 
 def _wait_ready(worker: subprocess.Popen[bytes], log: Path, console: Console) -> None:
