@@ -370,13 +370,15 @@ def catchup(cp: ConsoleProc, total: int, log: Log, timeout: float = 1800.0) -> d
     hi = next(t for t, a in samples if a >= total * 0.9)
     lo_a = next(a for t, a in samples if a >= total * 0.1)
     hi_a = next(a for t, a in samples if a >= total * 0.9)
+    # Below a few poll intervals the first-applied clock says nothing: the rate from the start.
+    span = done_at - first_at if done_at - first_at >= 1.0 else done_at - cp.started
     return {
         "records": total,
         "from_start_s": done_at - cp.started,
         "from_first_applied_s": done_at - first_at,
-        "records_per_s": total / max(1e-9, done_at - first_at),
+        "records_per_s": total / max(1e-9, span),
         "records_per_s_from_start": total / max(1e-9, done_at - cp.started),
-        "records_per_s_10_to_90pct": (hi_a - lo_a) / max(1e-9, hi - lo),
+        "records_per_s_10_to_90pct": (hi_a - lo_a) / (hi - lo) if hi - lo >= 1.0 else None,
         "console_cpu_s": h.cpu_seconds(cp.proc.pid),
         "console_rss_mib": h.rss_bytes(cp.proc.pid) / 2**20,
         "poll_interval_s": 0.2,
@@ -917,13 +919,14 @@ def main(argv: list[str] | None = None) -> int:
                     "five output topics first; then `vigil console` started on an empty view "
                     "(VIGIL_CONSOLE_ALERTS_SINCE=all) and /api/lag polled every 0.2 s until "
                     "the applied positions reach the records produced. records_per_s = "
-                    "records / (all applied - first record applied)"
+                    "records / (all applied - first record applied; from the process start "
+                    "when that is under 1 s)"
                 )}  # fmt: skip
                 s["console_catchup"] = c
                 log(
                     f"  caught up on {len(wires):,} records in {c['from_first_applied_s']:.1f} s "
                     f"({c['records_per_s']:,.0f} records/s; {c['from_start_s']:.1f} s from "
-                    f"the process start; 10-90 %: {c['records_per_s_10_to_90pct']:,.0f}/s)"
+                    f"the process start; 10-90 %: {c['records_per_s_10_to_90pct'] or 0:,.0f}/s)"
                 )
                 if "queries" in wanted:
                     heading(f"queries: list pages over {n:,} in-flight executions")
