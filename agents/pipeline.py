@@ -143,6 +143,16 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         if offset >= 0 and offset > confirmed.get(tp, -1):
             confirmed[tp] = offset
 
+    def start_guard(tp: tuple[str, int], committed_offset: int) -> None:
+        """Where the guard starts a partition: the group's committed offset, or further where
+        the partition's stored clock says every record before was processed and its effect
+        stored (``Processor.acknowledged``): the group's offset can be behind that (a commit
+        that failed in a rebalance), and those records, read again, would find entries that
+        may have forgotten their positions."""
+        confirm(tp, committed_offset)
+        through = processor.processed_through(*tp) or 0
+        guard.start(tp, max(committed_offset, through))
+
     def committed(topic: str, partition: int) -> int | None:
         return committed_now.get((topic, partition))
 
@@ -213,12 +223,16 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         arrived[tp] = time.monotonic()
         if not guard.knows(tp):
             start = await asyncio.to_thread(_committed_offsets, settings, [tp])
-            confirm(tp, start[tp])
-            guard.start(tp, start[tp])
+            if not guard.knows(tp):
+                start_guard(tp, start[tp])
         check = guard.check(tp, msg.offset, retry=time.monotonic() - last_seek.get(tp, 0) > 1)
         if check in (Check.NEXT, Check.AGAIN):
             return True
         if check is Check.COMMITTED:
+            # acknowledged in offset order with the rest, so that Faust, which commits only a
+            # run of acknowledged offsets from its committed one, goes on committing
+            ack_order.admit(tp, msg.offset, msg)
+            ack_order.finish(msg)
             return False
         if check is Check.HOLE:
             log.error("offsets %s..%s of %s were never delivered: accepted", *tp, msg.offset)
@@ -288,9 +302,8 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         if rebalances[0] != generation:
             return
         for key, offset in starts.items():
-            confirm(key, offset)
             if not guard.knows(key):
-                guard.start(key, offset)
+                start_guard(key, offset)
         for tp in idle:
             if rebalances[0] != generation:
                 return  # the seeks below would be for partitions that may have moved
@@ -348,9 +361,8 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
             if rebalances[0] != generation:
                 return
             for key, offset in starts.items():
-                confirm(key, offset)
                 if not guard.knows(key):
-                    guard.start(key, offset)
+                    start_guard(key, offset)
         # schemas not seen yet are asked of the registry in a thread, not on the event loop
         unseen = codec.unseen_schema_ids(m.value for m in batch)
         if unseen:
@@ -438,7 +450,13 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         await executions.send(app.producer)
         if not await still_owner(generation):
             return
-        # 3. then the clocks, and the inputs may be committed
+        # 3. then the clocks, with how far each input is processed, and the inputs may be
+        # committed
+        for done in processor.drain_done():
+            ack_order.finish(done)
+        ready = ack_order.release()
+        for msg in ready:  # in offset order per partition: the last one is the furthest
+            processor.acknowledged(msg.topic, msg.partition, msg.offset + 1)
         for p in list(processor.dirty_partitions()):
             if p in last:
                 with in_partition(last[p]):
@@ -446,11 +464,10 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
         await clocks.send(app.producer)
         if rebalances[0] == generation:
             # (else a rebalance came during the send: its forget() dropped what would be
-            # acknowledged, and pausing now could pause a partition this worker lost)
-            for done in processor.drain_done():
-                ack_order.finish(done)
-            for ready in ack_order.release():
-                consumer.ack(ready)
+            # acknowledged, and pausing now could pause a partition this worker lost; the
+            # records come again, and the clock, if stored, says they are processed)
+            for msg in ready:
+                consumer.ack(msg)
             hold_back(consumer)
         if emissions:
             feed.publish(

@@ -164,6 +164,8 @@ class Processor:
         self._trail: dict[tuple[str, int], deque[tuple[int, datetime]]] = {}
         #: per input topic partition, offsets of the events held for the watermark
         self._held_offsets: dict[tuple[str, int], set[int]] = {}
+        #: per partition, per input topic: processed below this offset, not stored yet
+        self._processed: dict[int, dict[str, int]] = {}
         #: the watermark of each partition's clock, with the clock it was computed from
         self._marks: dict[int, tuple[PartitionClock, datetime | None]] = {}
         #: execution id -> partition (murmur2 of the id), memoised: several lookups per event
@@ -225,6 +227,7 @@ class Processor:
         self._saved.clear()
         self._trail.clear()
         self._held_offsets.clear()
+        self._processed.clear()
         self._marks.clear()
         self.due.clear()
         self.dirty.clear()
@@ -253,7 +256,7 @@ class Processor:
             if p not in self._saved:
                 self._clock(p)  # the stored clock, if any, is where the acknowledged one starts
             clock = self._acked_clock(p)
-            if clock.maxima and clock != self._saved.get(p):
+            if (clock.maxima or clock.through) and clock != self._saved.get(p):
                 self.stores.clocks[str(p)] = clock.model_dump_json()
                 self._saved[p] = clock
 
@@ -629,7 +632,28 @@ class Processor:
                     newest = t
             if newest is not None:
                 clock = clock.observe(topic, newest)
+        for topic, offset in self._processed.pop(partition, {}).items():
+            clock = clock.processed_through(topic, offset)
         return clock
+
+    def acknowledged(self, topic: str, partition: int, offset: int) -> None:
+        """Every record of the topic partition below ``offset`` is processed and its effect
+        flushed: stored with the partition's clock at the next ``flush_clocks``."""
+        if topic not in self.input_names:
+            return
+        pending = self._processed.setdefault(partition, {})
+        if offset > pending.get(topic, -1):
+            pending[topic] = offset
+            self._clocks_dirty.add(partition)
+
+    def processed_through(self, topic: str, partition: int) -> int | None:
+        """The stored offset below which the topic partition is processed (``acknowledged``),
+        from the partition's clock as last stored or restored."""
+        clock = self._saved.get(partition)
+        if clock is None:
+            self._clock(partition)
+            clock = self._saved.get(partition)
+        return None if clock is None else clock.through_for(topic)
 
     def _watermark(self, partition: int) -> datetime | None:
         """The watermark of the partition's clock (None: no clock, or not every input seen),

@@ -269,3 +269,26 @@ def test_a_restart_with_one_topic_read_first_publishes_the_same_records() -> Non
                 broker.run(300, (n, phase))
         broker.run(300, None)
         assert_same(broker.published)
+
+
+def test_how_far_each_input_is_processed_is_stored_with_the_clock() -> None:
+    """The floor a worker starts a partition from, whatever the group committed: stored with
+    the partition's clock, never lowered, and read back by the next worker."""
+    stores = Stores()
+    proc = Processor(TOPICS, stores, write_behind=True)
+    first = by_time()[:400]
+    for e in first:
+        proc.handle(e, token=e)
+    done = proc.drain_done()
+    ends: dict[TP, int] = {}
+    for e in done:
+        ends[(e.topic, e.partition)] = max(ends.get((e.topic, e.partition), 0), e.offset + 1)
+    for (topic, p), offset in ends.items():
+        proc.acknowledged(topic, p, offset)
+        proc.acknowledged(topic, p, offset - 1)  # never lowered
+    proc.flush()
+    proc.flush_clocks()
+    after = Processor(TOPICS, stores, write_behind=True)
+    for (topic, p), offset in ends.items():
+        assert after.processed_through(topic, p) == offset
+    assert after.processed_through(INPUTS[0], PARTITIONS + 5) is None

@@ -39,12 +39,17 @@ class PartitionClock(BaseModel):
     ``inputs`` is the configured set of input topics of the partition; ``maxima`` holds, per
     topic seen so far, the largest event time seen on it (sorted by topic, so equal clocks
     compare and serialise equal). It is JSON-serialisable so the shell may keep it in a table.
+
+    ``through`` holds, per input topic, the offset below which every record of the topic
+    partition has been processed and its effect stored: a durable floor for the worker that
+    reads the partition next, whatever offset the consumer group happens to have committed.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     inputs: tuple[str, ...]
     maxima: tuple[tuple[str, AwareDatetime], ...] = ()
+    through: tuple[tuple[str, int], ...] = ()
 
     @field_validator("inputs")
     @classmethod
@@ -90,7 +95,37 @@ class PartitionClock(BaseModel):
         # Built without re-validation (once per record on the hot path): the invariants hold
         # by construction, inputs unchanged and maxima sorted, unique and within the inputs.
         return construct(
-            PartitionClock, {"inputs": self.inputs, "maxima": tuple(sorted(maxima.items()))}
+            PartitionClock,
+            {
+                "inputs": self.inputs,
+                "maxima": tuple(sorted(maxima.items())),
+                "through": self.through,
+            },
+        )
+
+    def through_for(self, topic: str) -> int | None:
+        """The offset below which ``topic``'s records of this partition are all processed."""
+        for seen, offset in self.through:
+            if seen == topic:
+                return offset
+        return None
+
+    def processed_through(self, topic: str, offset: int) -> PartitionClock:
+        """The clock with ``topic`` processed below ``offset`` (never lowered)."""
+        if topic not in self.inputs:
+            raise ValueError(f"{topic!r} is not an input topic of this clock {self.inputs}")
+        current = self.through_for(topic)
+        if current is not None and offset <= current:
+            return self
+        through = dict(self.through)
+        through[topic] = offset
+        return construct(
+            PartitionClock,
+            {
+                "inputs": self.inputs,
+                "maxima": self.maxima,
+                "through": tuple(sorted(through.items())),
+            },
         )
 
     @property
