@@ -4,14 +4,28 @@ Counters live in ``Processor.counters`` (plain integers, no locking on the hot p
 of open work are counted off the event loop (``streams/state_gauges.py``), so neither
 processing nor a scrape pays for decoding the tables. The latency histogram is observed as
 outputs are sent.
+
+The clock gauges (watermark delay, newest tick age, UNKNOWN operations' age) are the one
+place the worker reads the wall clock: here, at scrape time, to say how far stream time is
+behind it; the processor only keeps the event times it has seen.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from streams.offsets import OffsetGuard
@@ -94,6 +108,16 @@ class VigilCollector:
         for kind, n in sorted(c.anomalies.items()):
             anomalies.add_metric([str(kind)], n)
         yield anomalies
+        alerts = CounterMetricFamily(
+            "vigil_alerts",
+            "Alerts published on the alerts topic, by kind, severity and status (FIRING, or "
+            "RESOLVED when the condition left)",
+            labels=["kind", "severity", "status"],
+        )
+        for (kind, severity, status), n in sorted(c.alerts.items()):
+            alerts.add_metric([kind, severity, status], n)
+        yield alerts
+        yield from self._clock_metrics(time.time())
 
         counts = self.gauges.counts
         inflight = GaugeMetricFamily("vigil_executions_in_flight", "Executions in flight")
@@ -101,6 +125,14 @@ class VigilCollector:
         yield inflight
         g = GaugeMetricFamily("vigil_operations_unknown", "Operations whose outcome is UNKNOWN")
         g.add_metric([], counts.operations_unknown)
+        yield g
+        g = GaugeMetricFamily(
+            "vigil_operations_unknown_oldest_since",
+            "When the longest-standing UNKNOWN operation became UNKNOWN (event time, Unix "
+            "seconds; absent when none is): time() minus it is how long it has been left",
+        )
+        if counts.unknown_oldest_since is not None:
+            g.add_metric([], counts.unknown_oldest_since)
         yield g
         g = GaugeMetricFamily("vigil_work_items_open", "Open reconciliation work items")
         g.add_metric([], counts.work_items_open)
@@ -126,6 +158,48 @@ class VigilCollector:
             lag.add_metric([topic, str(partition)], n)
         yield lag
 
+    def _clock_metrics(self, now: float) -> Iterator[Any]:
+        """Per input partition, stream time against the wall clock ``now`` (Unix seconds).
+        Reads the processor's clocks as they are (a dict per partition, on the event loop
+        like the batches that change them): no table, no decoding."""
+        p = self.processor
+        delay = GaugeMetricFamily(
+            "vigil_watermark_delay_seconds",
+            "Wall-clock time minus the partition's watermark (the oldest of its input topics' "
+            "newest event times): how far behind decisions due now are taken. Absent until "
+            "every input topic of the partition has been read",
+            labels=["partition"],
+        )
+        for partition, clock in sorted(p.clocks.items()):
+            watermark = clock.watermark
+            if watermark is not None:
+                delay.add_metric([str(partition)], now - watermark.timestamp())
+        yield delay
+        age = GaugeMetricFamily(
+            "vigil_tick_age_seconds",
+            "Wall-clock time minus the event time of the newest clock tick read on the input "
+            "topic partition: grows when the ticker stops or the worker falls behind",
+            labels=["topic", "partition"],
+        )
+        for (topic, partition), t in sorted(p.last_tick.items()):
+            age.add_metric([topic, str(partition)], now - t.timestamp())
+        yield age
+        held = GaugeMetricFamily(
+            "vigil_events_held_by_input",
+            "Input events waiting for their partition's watermark, per input topic partition",
+            labels=["topic", "partition"],
+        )
+        for (topic, partition), n in sorted(p.held_by.items()):
+            held.add_metric([topic, str(partition)], n)
+        yield held
+
+
+def register_process_collectors(registry: CollectorRegistry) -> None:
+    """The standard ``process_*`` (CPU, memory, open files, start time), ``python_info`` and
+    ``python_gc_*`` metrics, as prometheus_client's default registry has them."""
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(collector)  # type: ignore[arg-type]
+
 
 class Metrics:
     def __init__(
@@ -137,6 +211,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.gauges = StateGauges()
         self.registry.register(VigilCollector(processor, lag, guard, self.gauges))  # type: ignore[arg-type]
+        register_process_collectors(self.registry)
         self.latency = Histogram(
             "vigil_processing_latency_seconds",
             "From an input record's timestamp to the send of its outputs (for live traffic, "

@@ -96,18 +96,21 @@ class Counters:
     #: events that arrived behind their partition's watermark (applied at once, out of time
     #: order): a producer writing out of order, or clock ticks ahead of the producers' clocks
     late: int = 0
+    #: alerts published, by (kind, severity, status)
+    alerts: Counter[tuple[str, str, str]] = field(default_factory=Counter)
 
     def snapshot(self) -> Counters:
         """A copy, to go back to when a batch fails: counters count what was published."""
         return Counters(
-            Counter(self.inputs),
-            Counter(self.outputs),
-            self.dead_letters,
-            Counter(self.verdicts),
-            Counter(self.anomalies),
-            self.redelivered,
-            self.quarantined,
-            self.late,
+            inputs=Counter(self.inputs),
+            outputs=Counter(self.outputs),
+            dead_letters=self.dead_letters,
+            verdicts=Counter(self.verdicts),
+            anomalies=Counter(self.anomalies),
+            quarantined=self.quarantined,
+            late=self.late,
+            alerts=Counter(self.alerts),
+            redelivered=self.redelivered,
         )
 
     #: inputs Kafka delivered again after a restart or rebalance whose effect the state
@@ -181,6 +184,9 @@ class Processor:
         #: that runs far ahead of the others (``held_ahead``), so what waits for the watermark
         #: stays bounded whatever the backlog.
         self.held_by: Counter[tuple[str, int]] = Counter()
+        #: per input topic partition, the event time of the newest clock tick read there (for
+        #: the metrics: how long ago the ticker's clock last reached the partition)
+        self.last_tick: dict[tuple[str, int], datetime] = {}
         self._seq = 0
         self._done: list[Any] = []
         #: the input being applied, if any (set until it is applied, so after an exception it
@@ -235,6 +241,7 @@ class Processor:
         # does the inputs whose state was not flushed yet: forget both, acknowledge neither.
         self.pending.clear()
         self.held_by.clear()
+        self.last_tick.clear()
         self.state.discard()
         self._clocks_dirty.clear()
         self._done.clear()
@@ -318,6 +325,9 @@ class Processor:
             if refusal is not None:
                 out.append(self._anomaly(env, record, refusal))
                 return out
+            newest = self.last_tick.get((env.topic, env.partition))
+            if newest is None or record.occurred_at > newest:
+                self.last_tick[(env.topic, env.partition)] = record.occurred_at
             self._observe(env, record.occurred_at, out)
             return out
         refusal = self._check(env, record)
@@ -739,8 +749,11 @@ class Processor:
         topic = self._out[cls]
         if cls is ApprovalVerdict:
             self.counters.verdicts[str(record.verdict)] += 1  # type: ignore[attr-defined]
-        elif cls is Alert and not headers:
-            headers = alert_headers(record)  # type: ignore[arg-type]
+        elif cls is Alert:
+            a: Alert = record  # type: ignore[assignment]
+            self.counters.alerts[(str(a.kind), str(a.severity), str(a.status))] += 1
+            if not headers:
+                headers = alert_headers(a)
         self.counters.outputs[cls.avro_name] += 1
         key_field = cls.key_field
         key = None if key_field is None else record.__dict__[key_field]

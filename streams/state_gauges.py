@@ -34,11 +34,15 @@ class StateCounts:
     #: open approval requests by their last verdict (UNJUDGED before the first)
     approvals_open: tuple[tuple[str, int], ...] = ()
     entries: int = 0
+    #: when the longest-standing UNKNOWN operation became UNKNOWN (event time, epoch
+    #: seconds; None: none is UNKNOWN), for an alert on UNKNOWN outcomes left past their SLA
+    unknown_oldest_since: float | None = None
 
 
 def count_state(raw_entries: Iterable[bytes | str]) -> StateCounts:
     """The gauges over stored execution entries (``Entry.pack`` bytes). Pure: any thread."""
     in_flight = unknown = work = entries = 0
+    oldest: float | None = None
     by_verdict: Counter[str] = Counter()
     for raw in raw_entries:
         entries += 1
@@ -48,14 +52,17 @@ def count_state(raw_entries: Iterable[bytes | str]) -> StateCounts:
             book = ops.OperationBook.model_validate_json(e.operations)
             for op in book.operations.values():
                 for rec in op.attempts.values():
-                    unknown += rec.status == OperationStatus.UNKNOWN
+                    if rec.status == OperationStatus.UNKNOWN:
+                        unknown += 1
+                        since = rec.since.timestamp()
+                        oldest = since if oldest is None else min(oldest, since)
                     work += rec.work_item_id is not None
         if e.approvals:
             approvals = ap.ApprovalBook.model_validate_json(e.approvals)
             for rid in ap.open_request_ids(approvals):
                 last = approvals.last_verdicts.get(rid)
                 by_verdict[str(last.verdict) if last else "UNJUDGED"] += 1
-    return StateCounts(in_flight, unknown, work, tuple(sorted(by_verdict.items())), entries)
+    return StateCounts(in_flight, unknown, work, tuple(sorted(by_verdict.items())), entries, oldest)
 
 
 @dataclass
