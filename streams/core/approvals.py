@@ -804,6 +804,7 @@ def to_verdict(
                 if request is not None and request.requested_at is not None
                 else None
             ),
+            "traceparent": None,  # trace context is the shell's to stamp
         },
     )
 

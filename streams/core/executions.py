@@ -220,6 +220,7 @@ def _state(slot: InFlight, status: ExecutionStatus) -> ExecutionState:
                 _open_digest(slot.open_operation_ids, slot.open_approval_ids),
                 slot.last_event_at,
             ),
+            "traceparent": None,  # trace context is the shell's to stamp
         },
     )
 

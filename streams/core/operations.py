@@ -340,6 +340,7 @@ def _state(book: OperationBook, operation_id: str, cause: str | None = None) -> 
             "held_by_operation_id": holder[0] if holder else None,
             "held_by_attempt": holder[1].attempt if holder else None,
             "held_by_status": holder[1].status if holder else None,
+            "traceparent": None,  # trace context is the shell's to stamp
         },
     )
 
@@ -690,6 +691,7 @@ def _fire(
                 "deadline": at,
                 "created_at": at,
                 "effect_ref": rec.effect_ref,
+                "traceparent": None,
             },
         )
     )
@@ -714,6 +716,7 @@ def _fire(
                 ),
                 "occurred_at": at,
                 "resolves_alert_id": None,
+                "traceparent": None,
             },
         )
     )

@@ -28,6 +28,7 @@ class ExecutionStatusChanged(Record):
     occurred_at: Millis
     agent_id: str | None = None
     reason: str | None = None
+    traceparent: str | None = None
 
 
 class OperationEvent(Record):
@@ -45,6 +46,7 @@ class OperationEvent(Record):
     effect_ref: str | None = None
     evidence_source: EvidenceSource = EvidenceSource.RUNTIME
     detail: str | None = None
+    traceparent: str | None = None
 
 
 class ApprovalRequested(Record):
@@ -63,6 +65,7 @@ class ApprovalRequested(Record):
     grace_seconds: int | None = None
     heartbeat_fresh_seconds: int | None = None
     delivery_deadline_seconds: int | None = None
+    traceparent: str | None = None
 
 
 class ApprovalDelivery(Record):
@@ -73,6 +76,7 @@ class ApprovalDelivery(Record):
     occurred_at: Millis
     outcome: DeliveryOutcome
     route_ref: str | None = None
+    traceparent: str | None = None
 
 
 class ApproverAcknowledgement(Record):
@@ -82,6 +86,7 @@ class ApproverAcknowledgement(Record):
     request_id: str = NonEmpty
     occurred_at: Millis
     approver_ref: str | None = None
+    traceparent: str | None = None
 
 
 class ApprovalDecision(Record):
@@ -92,6 +97,7 @@ class ApprovalDecision(Record):
     occurred_at: Millis
     decision: DecisionCode
     action_digest: str | None = None
+    traceparent: str | None = None
 
 
 class CurrentActionDigest(Record):
@@ -100,6 +106,7 @@ class CurrentActionDigest(Record):
     execution_id: str = NonEmpty
     occurred_at: Millis
     action_digest: str
+    traceparent: str | None = None
 
 
 class ResumeReceipt(Record):
@@ -109,6 +116,7 @@ class ResumeReceipt(Record):
     request_id: str = NonEmpty
     occurred_at: Millis
     next_status: str | None = None
+    traceparent: str | None = None
 
 
 class RequesterHeartbeat(Record):
@@ -117,6 +125,7 @@ class RequesterHeartbeat(Record):
     execution_id: str = NonEmpty
     occurred_at: Millis
     resume_handle: str | None = None
+    traceparent: str | None = None
 
 
 class ClockTick(Record):

@@ -33,6 +33,7 @@ class ExecutionState(Record):
     open_approval_ids: tuple[str, ...] = ()
     terminal: bool
     state_id: str
+    traceparent: str | None = None
 
 
 class OperationState(Record):
@@ -56,6 +57,7 @@ class OperationState(Record):
     held_by_operation_id: str | None = None
     held_by_attempt: int | None = None
     held_by_status: OperationStatus | None = None
+    traceparent: str | None = None
 
 
 class ReconciliationWorkItem(Record):
@@ -72,6 +74,7 @@ class ReconciliationWorkItem(Record):
     deadline: Millis
     created_at: Millis
     effect_ref: str | None = None
+    traceparent: str | None = None
 
 
 class WorkItemResolution(Record):
@@ -86,6 +89,7 @@ class WorkItemResolution(Record):
     outcome: OperationStatus
     evidence_source: EvidenceSource
     resolved_at: Millis
+    traceparent: str | None = None
 
 
 class ProofFinding(Record):
@@ -125,6 +129,7 @@ class ApprovalVerdict(Record):
     evaluated_at: Millis
     action: str | None = None
     requested_at: Millis | None = None
+    traceparent: str | None = None
 
 
 class Alert(Record):
@@ -142,6 +147,7 @@ class Alert(Record):
     evidence: tuple[str, ...] = ()
     occurred_at: Millis
     resolves_alert_id: str | None = None
+    traceparent: str | None = None
 
 
 class Anomaly(Record):
@@ -158,6 +164,7 @@ class Anomaly(Record):
     source_offset: int
     occurred_at: Millis | None = None
     detected_at: Millis
+    traceparent: str | None = None
 
 
 class DeadLetter(Record):
@@ -174,6 +181,7 @@ class DeadLetter(Record):
     original_value: bytes | None = None
     original_size: int | None = None
     original_sha256: str | None = None
+    traceparent: str | None = None
 
 
 OUTPUT_MODELS: tuple[type[Record], ...] = (
