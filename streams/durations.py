@@ -39,3 +39,23 @@ def parse_duration(text: str) -> timedelta:
         if seen and position == len(value):
             return total
     raise ValueError(f"not a duration: {text!r} (examples: 300, 90s, 5m, 1h, 1h30m, 250ms, 2d)")
+
+
+def format_duration(value: timedelta) -> str:
+    """``value`` written the way ``parse_duration`` reads it, largest unit first: ``24h``,
+    ``1h30m``, ``250ms``, ``0s``. Days are used for whole days from two on (``7d``); a day
+    and a half stays ``36h``. Sub-millisecond parts are dropped."""
+    ms = round(value / timedelta(milliseconds=1))
+    if ms < 0:
+        raise ValueError(f"negative duration: {value}")
+    if ms == 0:
+        return "0s"
+    day_ms = 86_400_000
+    if ms % day_ms == 0 and ms >= 2 * day_ms:
+        return f"{ms // day_ms}d"
+    parts = []
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
+        count, ms = divmod(ms, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts)
