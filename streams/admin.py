@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from streams.codec import AvroCodec, set_backward_compatibility
+from streams.codec import AvroCodec
+from streams.schema_registry import SubjectOutcome, register_schemas
 from streams.settings import Settings
 from streams.topics import Topics, TopicSpec
 
@@ -67,7 +68,11 @@ def create_topics(
     return sorted(outcomes, key=lambda o: o.name)
 
 
-def prepare_registry(settings: Settings, codec: AvroCodec) -> None:
-    """BACKWARD compatibility for every subject we write, so that an incompatible producer is
-    refused by the registry before it reaches a topic."""
-    set_backward_compatibility(codec.registry)
+def prepare_registry(
+    settings: Settings, codec: AvroCodec, specs: tuple[TopicSpec, ...] | None = None
+) -> list[SubjectOutcome]:
+    """Register vigil's schemas under their subjects, each set to BACKWARD_TRANSITIVE, so that
+    an incompatible schema is refused by the registry before any record of it reaches a
+    topic. Only vigil's own subjects are touched, never the registry's global config."""
+    specs = specs if specs is not None else Topics.from_settings(settings).all()
+    return register_schemas(codec.registry, specs)

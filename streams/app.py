@@ -73,7 +73,8 @@ def create_app(settings: Settings, codec: AvroCodec | None = None) -> faust.App:
     from agents.pipeline import register
 
     codec = codec or AvroCodec.connect(
-        RegistryConfig(settings.schema_registry_url, settings.registry_basic_auth)
+        RegistryConfig(settings.schema_registry_url, settings.registry_basic_auth),
+        auto_register=settings.auto_register,
     )
     register(app, settings, codec)
     return app

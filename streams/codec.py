@@ -1,7 +1,11 @@
 """Avro in the Confluent wire format, through confluent-kafka's schema-registry serdes.
 
 Several record types share an input topic (every input topic also carries clock ticks), so
-subjects follow the *topic-record* name strategy: ``<topic>-<record full name>``. Decoding
+their subjects follow the *topic-record* name strategy: ``<topic>-<record full name>``; an
+output topic that carries one record type uses the default ``<topic>-value``
+(``streams.topics.subject_name``). Schemas are registered by ``vigil schemas register``, not
+by the clients: a codec only looks its subject's schema up, unless ``auto_register`` (the dev
+setting ``VIGIL_AUTO_REGISTER``) lets it register. Decoding
 looks at the writer's schema id, asks the registry (cached) which record that is, and hands
 the bytes to the ``AvroDeserializer`` of that record with our schema as the reader schema, so
 Avro schema resolution absorbs compatible evolution (a field added by a newer producer).
@@ -24,10 +28,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from confluent_kafka.schema_registry import (
-    SchemaRegistryClient,
-    topic_record_subject_name_strategy,
-)
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -38,6 +39,7 @@ from streams.avro_writer import UnsupportedSchema, Writer, compile_writer
 from streams.models.base import Record
 from streams.models.events import INPUT_MODELS
 from streams.models.outputs import OUTPUT_MODELS
+from streams.topics import subject_name
 
 log = logging.getLogger("vigil.codec")
 T = TypeVar("T")
@@ -73,6 +75,12 @@ class RegistryUnavailable(Exception):
     own (any answer but 404: 5xx, 429, 408, and 401/403 too, a credentials problem is not the
     record's). Deliberately not a ``DecodeError``: the record may be perfectly valid, so it
     is kept and read again, never dead-lettered."""
+
+
+class SchemaNotRegistered(RegistryUnavailable):
+    """A record's schema is not registered under its subject, and this codec does not register
+    (``auto_register`` off): an operator's step is missing (``vigil schemas register``), not a
+    fault of the record, so the worker keeps the record and waits, like for an outage."""
 
 
 #: the registry's answer that makes a schema id unknown for good
@@ -170,9 +178,11 @@ class RegistryOutage:
 
 
 class AvroCodec:
-    """Encodes contract models to Confluent-framed Avro and back, registering as it goes."""
+    """Encodes contract models to Confluent-framed Avro and back. Encoding looks up the id of
+    the model's schema under its subject (registering it there only with ``auto_register``);
+    decoding reads the writer's schema by the id in the record, whatever its subject."""
 
-    def __init__(self, registry: SchemaRegistryClient, *, auto_register: bool = True) -> None:
+    def __init__(self, registry: SchemaRegistryClient, *, auto_register: bool = False) -> None:
         self.registry = registry
         self.auto_register = auto_register
         self._serializers: dict[type[Record], AvroSerializer] = {}
@@ -196,11 +206,11 @@ class AvroCodec:
         if ser is None:
             ser = AvroSerializer(
                 self.registry,
-                model.avro_schema_str(),
+                registered_schema(model),
                 to_dict=lambda obj, _ctx: obj.to_avro(),
                 conf={
                     "auto.register.schemas": self.auto_register,
-                    "subject.name.strategy": topic_record_subject_name_strategy,
+                    "subject.name.strategy": lambda ctx, _name: subject_name(ctx.topic, model),
                 },
             )
             self._serializers[model] = ser
@@ -208,9 +218,10 @@ class AvroCodec:
 
     def encode(self, topic: str, record: Record) -> bytes:
         """The first record of a kind per topic goes through confluent's ``AvroSerializer``,
-        which registers (or looks up) the subject's schema; its id is kept, and the rest are
-        written with the same header by the writer compiled for the model's schema (by
-        fastavro if it has none)."""
+        which looks up (or, with ``auto_register``, registers) the subject's schema; its id is
+        kept, and the rest are written with the same header by the writer compiled for the
+        model's schema (by fastavro if it has none). ``SchemaNotRegistered`` when the subject
+        does not hold the model's schema and this codec does not register."""
         model = type(record)
         cached = self._writers.get((topic, model))
         if cached is not None:
@@ -222,10 +233,19 @@ class AvroCodec:
             schemaless_writer(buf, parsed, avro_dict(record))
             return buf.getvalue()
         ctx = SerializationContext(topic, MessageField.VALUE)
-        data = self._ask_registry(
-            f"registering {model.avro_fullname()} for {topic}",
-            lambda: self.serializer(model)(record, ctx),
-        )
+        try:
+            data = self._ask_registry(
+                f"{'registering' if self.auto_register else 'looking up'} "
+                f"{model.avro_fullname()} for {topic}",
+                lambda: self.serializer(model)(record, ctx),
+            )
+        except SchemaRegistryError as exc:  # 404: subject or schema not there
+            self.outage.failed(time.monotonic())  # waited out with a backoff, like an outage
+            raise SchemaNotRegistered(
+                f"schema {model.avro_fullname()} is not registered under subject "
+                f"{subject_name(topic, model)} (run `vigil schemas register`, or set "
+                f"VIGIL_AUTO_REGISTER=true on a dev registry): {exc.error_message}"
+            ) from exc
         assert data is not None
         self._writers[(topic, model)] = (data[:5], _parsed(model), _compiled(model))
         return data
@@ -438,7 +458,21 @@ def _parsed(model: type[Record]) -> Any:
     return parsed
 
 
-def set_backward_compatibility(registry: SchemaRegistryClient, subject: str | None = None) -> None:
-    """BACKWARD: consumers on the new schema can read data written with the old one. Set
-    globally (``subject=None``) or per subject."""
-    registry.set_compatibility(subject_name=subject, level="BACKWARD")
+def registered_schema(model: type[Record]) -> Schema:
+    """The schema text of ``model`` as registered and looked up: the ``.avsc`` file without
+    its surrounding whitespace, as confluent's serializers send it. Apicurio finds a schema
+    under a subject by its exact text, so registration and lookup must send the same."""
+    return Schema(model.avro_schema_str().strip(), "AVRO")
+
+
+#: the compatibility of every subject vigil writes: a new schema must read every earlier
+#: version (retention is forever by default, and a replay reads all of it)
+COMPATIBILITY = "BACKWARD_TRANSITIVE"
+
+
+def set_subject_compatibility(
+    registry: SchemaRegistryClient, subject: str, level: str = COMPATIBILITY
+) -> None:
+    """Set ``level`` on ``subject`` alone (``PUT /config/{subject}``): the registry's global
+    level belongs to whoever runs it, and other teams' subjects keep theirs."""
+    registry.set_compatibility(subject_name=subject, level=level)

@@ -29,7 +29,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from streams import flow
-from streams.admin import create_topics
+from streams.admin import create_topics, prepare_registry
 from streams.clients import RecordProducer
 from streams.codec import AvroCodec
 from streams.envelope import Envelope, open_envelope
@@ -150,6 +150,7 @@ def run_replay(
     out_settings = replace(settings, output_suffix=output_suffix)
     outputs = Topics.from_settings(out_settings)
     create_topics(out_settings, outputs.outputs())
+    prepare_registry(out_settings, codec, outputs.outputs())
     groups = shares(settings.partitions, processes)
     with Progress(
         TextColumn("replay"),
@@ -379,7 +380,8 @@ def _child(
 
     try:
         codec = AvroCodec.connect(
-            RegistryConfig(settings.schema_registry_url, settings.registry_basic_auth)
+            RegistryConfig(settings.schema_registry_url, settings.registry_basic_auth),
+            auto_register=settings.auto_register,
         )
         summary = replay_partitions(
             settings, codec, start, end, output_suffix, partitions, progressed, total

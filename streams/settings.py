@@ -31,6 +31,19 @@ class SettingsError(ValueError):
     """A setting is unusable; the message names its variable."""
 
 
+def _flag(variable: str, default: bool = False) -> bool:
+    """A yes/no setting: true/yes/on/1 or false/no/off/0, any case."""
+    text = _env(variable)
+    if text is None:
+        return default
+    value = {"true": True, "yes": True, "on": True, "1": True}.get(text.lower())
+    if value is None and text.lower() not in ("false", "no", "off", "0"):
+        raise SettingsError(
+            f"{variable}: {text!r} is not one of true, false, yes, no, on, off, 1, 0"
+        )
+    return bool(value)
+
+
 #: The durations the core adds to event times, with their variables, and whether zero is
 #: refused (the core needs a positive operation timeout). Each is bounded like the durations
 #: records carry (``streams.core.bounds``), so no sum of a time and a setting leaves the
@@ -160,6 +173,9 @@ class Settings:
     sasl_password: str | None = field(default=None, repr=False)
     #: SCHEMA_REGISTRY_BASIC_AUTH — "user:secret"
     registry_basic_auth: str | None = field(default=None, repr=False)
+    #: VIGIL_AUTO_REGISTER — whether the worker and the CLI register a schema the registry
+    #: lacks (a dev convenience, off by default: ``vigil schemas register`` registers them).
+    auto_register: bool = False
 
     def __post_init__(self) -> None:
         for name, (variable, positive) in DOMAIN_DURATIONS.items():
@@ -214,6 +230,7 @@ class Settings:
             sasl_username=_env("KAFKA_SASL_USERNAME"),
             sasl_password=_env("KAFKA_SASL_PASSWORD"),
             registry_basic_auth=_env("SCHEMA_REGISTRY_BASIC_AUTH"),
+            auto_register=_flag("VIGIL_AUTO_REGISTER"),
         )
         return replace(s, **{k: v for k, v in overrides.items() if v is not None})
 

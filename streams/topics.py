@@ -1,4 +1,5 @@
-"""The topic catalogue: every topic vigil reads or writes, in one place.
+"""The topic catalogue: every topic vigil reads or writes, and the registry subject of every
+record type on it, in one place.
 
 Faust creates only its own internal topics (table changelogs, repartitions); user topics must
 exist before a worker starts, so ``vigil topics create`` creates these idempotently. Input
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cache
 
 from streams.models import events as ev
 from streams.models import outputs as out
@@ -48,6 +50,41 @@ class TopicSpec:
             conf["min.compaction.lag.ms"] = "60000"
             conf["delete.retention.ms"] = str(DAY_MS)
         return conf
+
+    @property
+    def value_subject(self) -> bool:
+        """Whether the topic's values use the default ``<topic>-value`` subject
+        (TopicNameStrategy): an output that carries one record type, so ksqlDB, Flink SQL,
+        Kafka Connect and registry UIs find its schema without settings. Inputs (their events
+        and clock ticks) and outputs with several record types use ``<topic>-<record full
+        name>`` (TopicRecordNameStrategy), one subject per record type."""
+        return self.role is Role.OUTPUT and len(self.value_types) == 1
+
+    def subject(self, model: type[Record]) -> str:
+        """The registry subject of ``model``'s values on this topic."""
+        return subject_name(self.name, model, value_subject=self.value_subject)
+
+    def subjects(self) -> tuple[tuple[str, type[Record]], ...]:
+        """Every subject of this topic, with the record type registered under it."""
+        return tuple((self.subject(m), m) for m in self.value_types)
+
+
+def subject_name(topic: str, model: type[Record], *, value_subject: bool | None = None) -> str:
+    """The subject of ``model`` on ``topic``: ``<topic>-value`` for the record type of a
+    single-type output (``value_subject``; by default: whether ``model`` is one of those in the
+    catalogue, whatever the prefix and suffix of ``topic``), else ``<topic>-<full name>``."""
+    if value_subject is None:
+        value_subject = model in value_subject_models()
+    return f"{topic}-value" if value_subject else f"{topic}-{model.avro_fullname()}"
+
+
+@cache
+def value_subject_models() -> frozenset[type[Record]]:
+    """The record types that are the only type of their output topic. A record type lives on
+    one topic of the catalogue, so its subject strategy follows from the type alone."""
+    return frozenset(
+        t.value_types[0] for t in Topics.from_settings(Settings()).all() if t.value_subject
+    )
 
 
 @dataclass(frozen=True)
@@ -184,6 +221,10 @@ class Topics:
 
     def outputs(self) -> tuple[TopicSpec, ...]:
         return tuple(t for t in self.all() if t.role is Role.OUTPUT)
+
+    def subjects(self) -> tuple[tuple[str, type[Record]], ...]:
+        """Every registry subject of the catalogue, with its record type."""
+        return tuple(pair for t in self.all() for pair in t.subjects())
 
     def by_name(self, name: str) -> TopicSpec:
         for t in self.all():
