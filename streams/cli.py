@@ -61,7 +61,8 @@ def _codec(settings: Settings):  # type: ignore[no-untyped-def]
     from streams.codec import AvroCodec, RegistryConfig
 
     return AvroCodec.connect(
-        RegistryConfig(settings.schema_registry_url, settings.registry_basic_auth)
+        RegistryConfig(settings.schema_registry_url, settings.registry_basic_auth),
+        auto_register=settings.auto_register,
     )
 
 
@@ -87,6 +88,9 @@ def _mount_optional() -> None:
     from streams.cli_alert_bridge import alert_bridge
 
     app.command("alert-bridge")(alert_bridge)
+    from streams.cli_schemas import schemas_app
+
+    app.add_typer(schemas_app, name="schemas")
 
 
 @app.command("config")
@@ -107,16 +111,20 @@ def topics_create(
         int | None, typer.Option(help="Partitions (env VIGIL_PARTITIONS, 6).")
     ] = None,
 ) -> None:
-    """Create every topic of the catalogue (idempotent) and set the registry to BACKWARD."""
+    """Create every topic of the catalogue (idempotent) and register vigil's schemas under
+    their subjects, each set to BACKWARD_TRANSITIVE (as `vigil schemas register`; the
+    registry's global config is left alone)."""
     from streams.admin import create_topics, prepare_registry
+    from streams.cli_schemas import print_subjects
 
     s = _settings(bootstrap, registry, output_suffix=output_suffix or None, partitions=partitions)
     outcomes = create_topics(s)
-    prepare_registry(s, _codec(s))
+    subjects = prepare_registry(s, _codec(s))
     t = Table("topic", "outcome")
     for o in outcomes:
         t.add_row(o.name, o.detail)
     out.print(t)
+    print_subjects(subjects)
 
 
 @topics_app.command("list")
@@ -304,19 +312,30 @@ def ticker(
     count: Annotated[
         int | None, typer.Option(help="Stop after N rounds (default: forever).")
     ] = None,
+    health_host: Annotated[
+        str | None,
+        typer.Option(
+            help="Bind address of /metrics and /healthz (env VIGIL_TICKER_HOST, 127.0.0.1)."
+        ),
+    ] = None,
+    health_port: Annotated[
+        int | None,
+        typer.Option(help="Port of /metrics and /healthz (env VIGIL_TICKER_PORT, 6068; 0: none)."),
+    ] = None,
     bootstrap: BootstrapOpt = None,
     registry: RegistryOpt = None,
 ) -> None:
     """Write clock ticks into every partition of every input topic.
 
     Wall-clock time enters the log as data, so quiet partitions still time out and replays
-    see the same time.
+    see the same time. Serves its metrics and a health check (503 when no round of ticks was
+    delivered for 5 intervals).
     """
     from streams.durations import parse_duration
-    from streams.ticker import run_ticker
+    from streams.ticker import health_address, run_ticker
 
     s = _settings(bootstrap, registry, tick_interval=parse_duration(interval) if interval else None)
-    run_ticker(s, _codec(s), count=count)
+    run_ticker(s, _codec(s), count=count, health=health_address(health_host, health_port))
 
 
 @app.command("tick")
