@@ -1,0 +1,322 @@
+"""``vigil alert-bridge`` between the real broker and a real Alertmanager (Debian's
+``prometheus-alertmanager``), routed by docker/alertmanager/alertmanager.yml to webhook
+receivers this test serves.
+
+- An ORPHANED_WAIT alert on the alerts topic reaches Alertmanager's API with owner RUNTIME_OWNER
+  and severity critical, is notified to the runtime owner's receiver, and is resolved (and the
+  resolution notified) when its RESOLVED record follows.
+- With Alertmanager stopped, the bridge commits nothing past what Alertmanager accepted; once
+  Alertmanager is back (a restart: it forgot every alert), the alerts produced meanwhile and the
+  one fired before the outage are all in it again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from streams.localstack import Cluster
+from streams.models.enums import AlertKind, AlertStatus, Owner, Severity
+from streams.models.outputs import Alert
+from streams.processor import alert_headers
+from tests.support import ROOT, Deployment, deployment, free_port
+
+pytestmark = pytest.mark.kafka
+
+BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+if BINARY is None:
+    pytest.skip(
+        "no Alertmanager binary (apt-get install prometheus-alertmanager)",
+        allow_module_level=True,
+    )
+EXAMPLE_CONFIG = ROOT / "docker" / "alertmanager" / "alertmanager.yml"
+HOOKS_BASE = "http://alert-hooks:9000/"
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = probe()
+        if got:
+            return got
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Hooks:
+    """Webhook receivers: every notification Alertmanager posts, with the path it posted to."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[str, dict[str, Any]]] = []
+        hooks = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                hooks.received.append((self.path, json.loads(body)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def notified(self, path: str, alert_id: str, status: str) -> dict[str, Any] | None:
+        for p, body in list(self.received):
+            for a in body.get("alerts", []):
+                if p == path and a["labels"].get("alert_id") == alert_id and a["status"] == status:
+                    return a
+        return None
+
+
+class Alertmanager:
+    """A real Alertmanager on a free port, with the example routing pointed at ``hooks``."""
+
+    def __init__(self, tmp: Path, hooks: Hooks) -> None:
+        text = EXAMPLE_CONFIG.read_text()
+        assert text.count(f"url: {HOOKS_BASE}") == 6 and "group_wait: 30s" in text
+        text = text.replace(HOOKS_BASE, hooks.url)
+        text = text.replace("group_wait: 30s", "group_wait: 1s")
+        text = text.replace("group_interval: 5m", "group_interval: 1s")
+        self.config = tmp / "alertmanager.yml"
+        self.config.write_text(text)
+        self.storage = tmp / "am-data"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / "alertmanager.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        assert BINARY is not None
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    BINARY,
+                    f"--config.file={self.config}",
+                    f"--storage.path={self.storage}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--cluster.listen-address=",  # no gossip port: a single instance
+                    "--log.level=warn",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+        def ready() -> bool:
+            try:
+                return httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(f"Alertmanager ready ({self.log.read_text()[-500:]})", ready, 20)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(15)
+        self.proc = None
+
+    def alert(self, alert_id: str) -> dict[str, Any] | None:
+        """The active alert labelled ``alert_id`` (Alertmanager lists no resolved alerts)."""
+        r = httpx.get(
+            f"{self.url}/api/v2/alerts", params={"filter": f'alert_id="{alert_id}"'}, timeout=5
+        )
+        r.raise_for_status()
+        found = r.json()
+        assert len(found) <= 1, found
+        return found[0] if found else None
+
+
+@pytest.fixture
+def hooks() -> Iterator[Hooks]:
+    h = Hooks()
+    yield h
+    h.server.shutdown()
+
+
+@pytest.fixture
+def am(tmp_path: Path, hooks: Hooks) -> Iterator[Alertmanager]:
+    a = Alertmanager(tmp_path, hooks)
+    a.start()
+    yield a
+    a.stop()
+
+
+@pytest.fixture
+def dep(cluster: Cluster, tmp_path: Path) -> Deployment:
+    return deployment(cluster, tmp_path, partitions=2)
+
+
+def start_bridge(dep: Deployment, am: Alertmanager) -> subprocess.Popen[bytes]:
+    """The real command, as compose runs it."""
+    log = (dep.workdir / f"bridge-{uuid.uuid4().hex[:6]}.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streams.cli", "alert-bridge"],
+        env=dep.env()
+        | {
+            "VIGIL_ALERTMANAGER_URL": am.url,
+            "VIGIL_CONSOLE_URL": "http://console.test:6080",
+            "VIGIL_ALERT_BRIDGE_REFRESH": "2s",
+            "VIGIL_ALERT_BRIDGE_VALIDITY": "60s",
+            "VIGIL_ALERT_BRIDGE_RETRY_MAX": "1s",
+        },
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=dep.workdir,
+        start_new_session=True,
+    )
+    proc.log_path = Path(log.name)  # type: ignore[attr-defined]
+    return proc
+
+
+def stop_bridge(proc: subprocess.Popen[bytes]) -> str:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(20)
+    return proc.log_path.read_text(errors="replace")  # type: ignore[attr-defined]
+
+
+def firing(alert_id: str, subject: str, **kw: Any) -> Alert:
+    fields: dict[str, Any] = dict(
+        alert_id=alert_id,
+        kind=AlertKind.APPROVAL_VERDICT,
+        status=AlertStatus.FIRING,
+        severity=Severity.CRITICAL,
+        execution_id=f"exec-{subject}",
+        subject_id=subject,
+        verdict="ORPHANED_WAIT",
+        owner=Owner.RUNTIME_OWNER,
+        next_step="the run is gone: restart it or cancel the request",
+        evidence=("heartbeat:STALE:no requester heartbeat",),
+        occurred_at=datetime.now(UTC),
+    )
+    fields.update(kw)
+    return Alert(**fields)
+
+
+def publish(dep: Deployment, *alerts: Alert) -> None:
+    p = dep.producer()
+    for a in alerts:
+        p.send(dep.topics.alerts.name, a, headers=dict(alert_headers(a)))
+    p.flush()
+
+
+def committed(dep: Deployment) -> int:
+    """Offsets the bridge's group has committed, summed over the alerts topic's partitions."""
+    c = Consumer(
+        dep.settings.confluent_conf() | {"group.id": f"{dep.settings.app_id}-alert-bridge"}
+    )
+    try:
+        tps = [TopicPartition(dep.topics.alerts.name, p) for p in range(dep.settings.partitions)]
+        return sum(max(tp.offset, 0) for tp in c.committed(tps, timeout=10))
+    finally:
+        c.close()
+
+
+def test_orphaned_wait_is_routed_to_the_runtime_owner_and_resolved(
+    dep: Deployment, am: Alertmanager, hooks: Hooks
+) -> None:
+    bridge = start_bridge(dep, am)
+    try:
+        alert = firing("alert-orphaned-1", "req-1")
+        publish(dep, alert)
+        got = wait_for("the alert in Alertmanager", lambda: am.alert(alert.alert_id), 45)
+        labels = got["labels"]
+        assert labels["owner"] == "RUNTIME_OWNER" and labels["severity"] == "critical"
+        assert labels["alertname"] == "VigilApprovalVerdict"
+        assert labels["verdict"] == "ORPHANED_WAIT" and labels["subject"] == "req-1"
+        assert got["status"]["state"] == "active"
+        assert got["annotations"]["next_step"] == alert.next_step
+        assert got["generatorURL"] == "http://console.test:6080/#/executions/exec-req-1"
+        assert [r["name"] for r in got["receivers"]] == ["runtime-owner"]
+        wait_for(
+            "the runtime owner's notification",
+            lambda: hooks.notified("/runtime-owner", alert.alert_id, "firing"),
+        )
+
+        resolved = Alert(
+            **{
+                **alert.model_dump(),
+                "alert_id": "alert-resolved-1",
+                "status": AlertStatus.RESOLVED,
+                "severity": Severity.INFO,
+                "verdict": "RESUMED",
+                "next_step": "resolved: ORPHANED_WAIT → RESUMED",
+                "occurred_at": datetime.now(UTC),
+                "resolves_alert_id": alert.alert_id,
+            }
+        )
+        publish(dep, resolved)
+        wait_for("the alert gone from Alertmanager", lambda: am.alert(alert.alert_id) is None)
+        note = wait_for(
+            "the resolution notified",
+            lambda: hooks.notified("/runtime-owner", alert.alert_id, "resolved"),
+        )
+        assert note["labels"] == labels
+        assert not [p for p, _ in hooks.received if p != "/runtime-owner"]
+        wait_for("both offsets committed", lambda: committed(dep) == 2)
+    finally:
+        log = stop_bridge(bridge)
+    assert "Traceback" not in log, log
+
+
+def test_nothing_is_lost_while_alertmanager_is_down(
+    dep: Deployment, am: Alertmanager, hooks: Hooks
+) -> None:
+    bridge = start_bridge(dep, am)
+    try:
+        before = firing("alert-before", "req-before")
+        publish(dep, before)
+        wait_for("the first alert", lambda: am.alert(before.alert_id), 45)
+        wait_for("its offset committed", lambda: committed(dep) == 1)
+
+        am.stop()
+        during = [
+            firing("alert-during-1", "req-d1"),
+            firing(
+                "alert-during-2",
+                "op-d2",
+                kind=AlertKind.OPERATION_UNKNOWN,
+                severity=Severity.WARNING,
+                owner=Owner.CONNECTOR_OWNER,
+                verdict="UNKNOWN",
+            ),
+        ]
+        publish(dep, *during)
+        time.sleep(5)  # the bridge has read them and keeps retrying
+        assert bridge.poll() is None
+        assert committed(dep) == 1  # nothing committed that Alertmanager did not accept
+
+        am.start()  # a restart: Alertmanager holds no alert now
+        for a in [before, *during]:
+            wait_for(f"{a.alert_id} in Alertmanager", lambda a=a: am.alert(a.alert_id), 30)
+        wait_for("every offset committed", lambda: committed(dep) == 3)
+        wait_for(
+            "the connector owner's notification",
+            lambda: hooks.notified("/connector-owner", "alert-during-2", "firing"),
+        )
+    finally:
+        log = stop_bridge(bridge)
+    assert "unavailable" in log and "Alertmanager back after" in log, log
+    assert "Traceback" not in log, log
