@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import json
 from collections import Counter, deque
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from streams.clients import record_time_ms
 from streams.core import approvals as ap
 from streams.core import executions as ex
 from streams.core import operations as ops
+from streams.core import trace
 from streams.core.alerts import anomaly_alert, verdict_alerts
 from streams.core.bounds import out_of_domain
 from streams.core.clock import PartitionClock
@@ -35,7 +37,7 @@ from streams.core.findings import AnomalyFinding
 from streams.core.ids import deterministic_id
 from streams.envelope import Envelope
 from streams.models import events as ev
-from streams.models.base import Record
+from streams.models.base import Record, replace
 from streams.models.enums import AlertKind, AlertStatus, AnomalyKind, Owner, Severity
 from streams.models.outputs import (
     Alert,
@@ -111,11 +113,14 @@ class Counters:
             late=self.late,
             alerts=Counter(self.alerts),
             redelivered=self.redelivered,
+            traceparents_dropped=self.traceparents_dropped,
         )
 
     #: inputs Kafka delivered again after a restart or rebalance whose effect the state
     #: already held: skipped, their outputs were published the first time
     redelivered: int = 0
+    #: inputs whose ``traceparent`` was malformed: applied, the value dropped (not carried)
+    traceparents_dropped: int = 0
 
 
 class Processor:
@@ -330,6 +335,8 @@ class Processor:
                 self.last_tick[(env.topic, env.partition)] = record.occurred_at
             self._observe(env, record.occurred_at, out)
             return out
+        if trace.malformed(record):
+            self.counters.traceparents_dropped += 1  # applied all the same, without it
         refusal = self._check(env, record)
         if refusal is not None:
             self._done.append(token)
@@ -454,6 +461,7 @@ class Processor:
         if step.anomaly is not None:
             out.append(self._anomaly(env, record, step.anomaly))
             return
+        self._remember_trace(record, trace.EXECUTION)
         self._store_execution(record.execution_id, step)
         if step.published is not None:
             out.append(self._emit(step.published))
@@ -496,6 +504,8 @@ class Processor:
             out.extend(self._emit(r) for r in before.outputs)
             book = before.book
         step = ops.apply_event(book, record, self.operation_config)
+        if step.outputs or not step.anomalies:
+            self._remember_trace(record, trace.operation_key(record.operation_id))
         out.extend(self._emit(r) for r in step.outputs)
         out.extend(self._anomaly(env, record, f) for f in step.anomalies)
         if step.book is not None:
@@ -520,6 +530,7 @@ class Processor:
         book = self._load_approvals(execution_id) or ap.ApprovalBook(execution_id=execution_id)
         book = ap.add_fact(book, record)  # type: ignore[arg-type]
         self.state.save(execution_id, "approvals", book, _dump_json)
+        self._remember_trace(record, trace.key_of_input(record))
         self._schedule(execution_id, record.occurred_at)  # type: ignore[attr-defined]
 
     def _advance_approvals(
@@ -536,7 +547,9 @@ class Processor:
         # change (most advances change none).
         previous_ids: dict[str, str] = {}
         for v in verdicts:
-            out.append(self._emit(v))
+            emitted = self._emit(v)
+            out.append(emitted)
+            v = emitted.record  # type: ignore[assignment]  # with its trace context
             previous_id = previous_ids.get(v.request_id)
             if previous_id is None and v.request_id in book.last_verdicts:
                 lv = book.last_verdicts[v.request_id]
@@ -743,10 +756,34 @@ class Processor:
         if isinstance(slot, ex.Closed) and slot.closed_at + self.closed_retention <= at:
             self.state.save(execution_id, "closed", None)
 
+    # -- trace context --------------------------------------------------------------------
+    def _traces(self, execution_id: str) -> dict[str, str] | None:
+        return self.state.load(execution_id, "traces", json.loads)  # type: ignore[no-any-return]
+
+    def _remember_trace(self, record: Record, key: str) -> None:
+        """Keep an applied input's trace context as the latest of what it changed, for the
+        outputs about that, now and at later deadlines (``streams.core.trace``)."""
+        traceparent = trace.traceparent_of(record)
+        if traceparent is None:
+            return
+        execution_id: str = record.execution_id  # type: ignore[attr-defined]
+        traces = self._traces(execution_id)
+        if traces and traces.get(key) == traceparent and next(reversed(traces)) == key:
+            return  # already the latest: the entry stays clean
+        self.state.save(
+            execution_id, "traces", trace.remember(traces, key, traceparent), _dump_traces
+        )
+
     # -- outputs --------------------------------------------------------------------------
     def _emit(self, record: Record, headers: tuple[tuple[str, str], ...] = ()) -> Emission:
         cls = type(record)
         topic = self._out[cls]
+        if record.__dict__.get("traceparent") is None:
+            keys = _trace_keys(record)
+            if keys is not None:
+                traceparent = trace.lookup(self._traces(record.__dict__["execution_id"]), *keys)
+                if traceparent is not None:
+                    record = replace(record, traceparent=traceparent)
         if cls is ApprovalVerdict:
             self.counters.verdicts[str(record.verdict)] += 1  # type: ignore[attr-defined]
         elif cls is Alert:
@@ -785,6 +822,7 @@ class Processor:
                 source_offset=env.offset,
                 occurred_at=occurred,
                 detected_at=detected,
+                traceparent=trace.traceparent_of(record),
             )
         )
 
@@ -809,6 +847,7 @@ class Processor:
                 source_offset=-1,
                 occurred_at=last_fact,
                 detected_at=at,
+                traceparent=trace.lookup(self._traces(execution_id), trace.request_key(request_id)),
             )
         )
 
@@ -833,6 +872,7 @@ class Processor:
             original_value=value,
             original_size=size if digest is not None else None,
             original_sha256=digest,
+            traceparent=None if env.record is None else trace.traceparent_of(env.record),
         )
         self.counters.outputs[rec.avro_name] += 1
         return Emission(self.topics.dead_letters.name, _text_key(env.key), rec)
@@ -863,6 +903,7 @@ class Processor:
                 f"{env.topic}/{env.partition}@{env.offset}",
             ),
             occurred_at=record.source_timestamp or _ts(env),
+            traceparent=record.traceparent,
         )
         return [dead, self._emit(alert)]
 
@@ -877,14 +918,47 @@ class Processor:
 
 
 def alert_headers(alert: Alert) -> tuple[tuple[str, str], ...]:
-    """Kafka headers that let a subscriber filter alerts without decoding Avro."""
-    return (
+    """Kafka headers that let a subscriber filter alerts without decoding Avro, and the
+    W3C ``traceparent`` header when the alert has a trace context (tracing-aware consumers
+    continue the trace from it)."""
+    headers = (
         ("kind", str(alert.kind)),
         ("status", str(alert.status)),
         ("verdict", alert.verdict or ""),
         ("owner", str(alert.owner)),
         ("severity", str(alert.severity)),
     )
+    if alert.traceparent is not None:
+        headers += (("traceparent", alert.traceparent),)
+    return headers
+
+
+_OPERATION_OUTPUTS = (OperationState, ReconciliationWorkItem, WorkItemResolution)
+
+
+def _trace_keys(record: Record) -> tuple[str, ...] | None:
+    """Under which keys an output's trace context is kept (``trace.lookup`` falls back to the
+    execution's), or None for outputs that get theirs where they are made (anomalies and
+    the alerts about them, dead letters)."""
+    cls = type(record)
+    if cls is ExecutionState:
+        return ()
+    if cls in _OPERATION_OUTPUTS:
+        return (trace.operation_key(record.operation_id),)  # type: ignore[attr-defined]
+    if cls is ApprovalVerdict:
+        return (trace.request_key(record.request_id), trace.SIGNALS)  # type: ignore[attr-defined]
+    if cls is Alert:
+        kind = record.kind  # type: ignore[attr-defined]
+        subject: str = record.subject_id  # type: ignore[attr-defined]
+        if kind is AlertKind.APPROVAL_VERDICT:
+            return (trace.request_key(subject), trace.SIGNALS)
+        if kind is not AlertKind.ANOMALY:
+            return (trace.operation_key(subject),)
+    return None
+
+
+def _dump_traces(traces: dict[str, str]) -> str:
+    return json.dumps(traces, separators=(",", ":"))
 
 
 def _times_after(value: Any, after: datetime | None) -> set[datetime]:

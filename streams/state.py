@@ -15,9 +15,11 @@ writes one busy execution gets in a batch into one changelog record.
 
 An entry's text is five fields separated by ASCII RS (0x1e), which JSON text never contains
 unescaped: the JSON of the in-flight slot, the closed slot, the operation book, the approval
-book (each empty when absent) and the applied input positions. The table stores that text
-compressed (``streams/compact.py``: about 110 B instead of 760), and reads uncompressed text
-written by earlier versions as it is.
+book (each empty when absent) and the applied input positions; a sixth, the trace contexts
+inputs brought (``streams.core.trace``, JSON), only when there are any, so an entry of an
+execution whose inputs carry none is exactly what it was before traces were kept. The table
+stores that text compressed (``streams/compact.py``: about 110 B instead of 760), and reads
+uncompressed text written by earlier versions as it is.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ class Entry:
     approvals: str | None = None
     #: Input positions whose effect this entry holds, not yet below the committed offset.
     seen: list[Position] = field(default_factory=list)
+    #: Trace contexts by what they belong to (``streams.core.trace``), JSON; carried to the
+    #: outputs, never a reason to keep an entry (``empty`` ignores them).
+    traces: str | None = None
     #: Decoded state by field, so that a batch parses each field once, and fields whose
     #: text is stale (the object changed) with the function that dumps it. Not stored.
     objs: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -72,6 +77,8 @@ class Entry:
         self.materialize()
         seen = ",".join(f"{r}:{p}:{o}" for r, p, o in self.seen)
         parts = [self.inflight, self.closed, self.operations, self.approvals, seen]
+        if self.traces:
+            parts.append(self.traces)
         return SEP.join(x or "" for x in parts)
 
     def pack(self) -> bytes:
@@ -89,14 +96,15 @@ class Entry:
         else:
             data = raw.decode() if isinstance(raw, bytes | bytearray) else str(raw)
         parts = [p or None for p in data.split(SEP)]
-        if len(parts) != 5:
-            raise ValueError(f"an execution entry has 5 fields, not {len(parts)}")
+        if len(parts) not in (5, 6):
+            raise ValueError(f"an execution entry has 5 or 6 fields, not {len(parts)}")
         seen: list[Position] = []
         for item in (parts[4] or "").split(","):
             if item:
                 r, p, o = item.split(":")
                 seen.append((int(r), int(p), int(o)))
-        return cls(parts[0], parts[1], parts[2], parts[3], seen)
+        traces = parts[5] if len(parts) == 6 else None
+        return cls(parts[0], parts[1], parts[2], parts[3], seen, traces)
 
 
 class ExecutionStore:

@@ -49,6 +49,7 @@ def verdict_alerts(record: ApprovalVerdict, previous_verdict_id: str | None) -> 
                 evidence=evidence,
                 occurred_at=record.evaluated_at,
                 resolves_alert_id=fired,
+                traceparent=record.traceparent,
             )
         )
     severity = ACTIONABLE.get(record.verdict)
@@ -66,6 +67,7 @@ def verdict_alerts(record: ApprovalVerdict, previous_verdict_id: str | None) -> 
                 next_step=record.next_step,
                 evidence=evidence,
                 occurred_at=record.evaluated_at,
+                traceparent=record.traceparent,
             )
         )
     return tuple(alerts)
@@ -90,4 +92,5 @@ def anomaly_alert(anomaly: Anomaly) -> Alert:
             f"{anomaly.source_topic}/{anomaly.source_partition}@{anomaly.source_offset}",
         ),
         occurred_at=anomaly.detected_at,
+        traceparent=anomaly.traceparent,
     )
