@@ -85,6 +85,12 @@ class VigilCollector:
         )
         again.add_metric([], c.redelivered)
         yield again
+        dropped = CounterMetricFamily(
+            "vigil_traceparents_dropped",
+            "Inputs whose traceparent was not a valid W3C traceparent: applied without it",
+        )
+        dropped.add_metric([], c.traceparents_dropped)
+        yield dropped
         if self.guard is not None:
             seeks = CounterMetricFamily(
                 "vigil_offset_seeks", "Seeks back after the consumer skipped input offsets"
