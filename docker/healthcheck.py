@@ -4,8 +4,9 @@
 (``{"status": "OK"}``; 401 when ``VIGIL_API_TOKEN`` is set, the probe sends no token) and is
 healthy on any HTTP answer below 500. The web
 server starts before partitions are assigned, so this is a liveness signal, not "caught up".
-The other commands (``ticker``, ``topics create``...) serve nothing: when the container's main
-command is not ``worker`` the probe reports healthy.
+``vigil ticker`` serves ``/healthz`` on ``VIGIL_TICKER_PORT`` (6068): 503 once no round of
+ticks was delivered for a few intervals, so a ticker that runs but cannot write is unhealthy.
+The other commands (``topics create``...) serve nothing: the probe reports them healthy.
 
 Exit 0: healthy, 1: unhealthy (Docker's convention). Standard library only.
 """
@@ -39,6 +40,15 @@ def probe_url() -> str:
     return f"http://{host}:{port}/"
 
 
+def ticker_url() -> str:
+    host = os.environ.get("VIGIL_TICKER_HOST", "").strip()
+    host = "127.0.0.1" if host in WILDCARDS else host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    port = os.environ.get("VIGIL_TICKER_PORT", "").strip() or "6068"
+    return f"http://{host}:{port}/healthz"
+
+
 def check(url: str, timeout: float = 3.0) -> tuple[bool, str]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -51,12 +61,15 @@ def check(url: str, timeout: float = 3.0) -> tuple[bool, str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = main_command() if argv is None else argv
-    if "worker" not in argv:
+    if "worker" in argv:
+        what, url = "worker", probe_url()
+    elif "ticker" in argv:
+        what, url = "ticker", ticker_url()
+    else:
         return 0
-    url = probe_url()
     healthy, detail = check(url)
     if not healthy:
-        print(f"vigil worker not healthy at {url}: {detail}", file=sys.stderr)
+        print(f"vigil {what} not healthy at {url}: {detail}", file=sys.stderr)
     return 0 if healthy else 1
 
 

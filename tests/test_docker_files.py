@@ -141,11 +141,19 @@ def test_compose_start_order(services: dict[str, dict[str, Any]]) -> None:
     for name in (*WORKERS, "ticker", "console"):
         assert conditions(name) == {"topics": "service_completed_successfully"}, name
     assert services["topics"]["restart"] == "no"
-    for name in ("kafka", "registry-db", "registry", *WORKERS, "console"):
+    for name in ("kafka", "registry-db", "registry", *WORKERS, "ticker", "console"):
         check = services[name]["healthcheck"]
         assert check.get("test") and not check.get("disable"), name
-    for name in ("topics", "ticker"):  # no HTTP server to probe
-        assert services[name]["healthcheck"] == {"disable": True}, name
+    assert services["topics"]["healthcheck"] == {"disable": True}  # no HTTP server to probe
+
+
+@needs_compose
+def test_compose_ticker_is_probed_on_its_health_port(services: dict[str, dict[str, Any]]) -> None:
+    svc = services["ticker"]
+    assert svc["healthcheck"]["test"] == ["CMD", "python", "/opt/vigil/healthcheck.py"]
+    env = svc["environment"]
+    assert env["VIGIL_TICKER_PORT"] == "6068" and env["VIGIL_TICKER_HOST"] == "0.0.0.0"
+    assert not svc.get("ports")  # scraped on the compose network only
 
 
 @needs_compose
@@ -410,8 +418,29 @@ def test_healthcheck_unhealthy_when_nothing_listens(
     monkeypatch.setenv("VIGIL_WEB_HOST", "127.0.0.1")
     monkeypatch.setenv("VIGIL_WEB_PORT", str(port))
     assert healthcheck.main(["vigil", "worker"]) == 1
-    assert healthcheck.main(["vigil", "ticker"]) == 0  # nothing to probe
-    assert healthcheck.main(["vigil", "topics", "create"]) == 0
+    assert healthcheck.main(["vigil", "topics", "create"]) == 0  # nothing to probe
+    monkeypatch.setenv("VIGIL_TICKER_PORT", str(port))
+    assert healthcheck.main(["vigil", "ticker"]) == 1
+
+
+def test_healthcheck_probes_the_ticker(
+    healthcheck: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real ticker status server: 503 (unhealthy) before a round is delivered, then 200."""
+    from streams.ticker import TickerStatus, serve_status
+
+    status = TickerStatus(interval=1.0)
+    server = serve_status(status, "127.0.0.1", 0)
+    try:
+        monkeypatch.setenv("VIGIL_TICKER_HOST", "0.0.0.0")
+        monkeypatch.setenv("VIGIL_TICKER_PORT", str(server.server_address[1]))
+        argv = ["/sbin/docker-init", "--", "vigil", "ticker"]
+        assert healthcheck.main(argv) == 1
+        status.delivered(6)
+        assert healthcheck.main(argv) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_healthcheck_address(healthcheck: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
