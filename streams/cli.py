@@ -61,7 +61,8 @@ def _codec(settings: Settings):  # type: ignore[no-untyped-def]
     from streams.codec import AvroCodec, RegistryConfig
 
     return AvroCodec.connect(
-        RegistryConfig(settings.schema_registry_url, settings.registry_basic_auth)
+        RegistryConfig(settings.schema_registry_url, settings.registry_basic_auth),
+        auto_register=settings.auto_register,
     )
 
 
@@ -84,6 +85,12 @@ def _mount_optional() -> None:
 
     app.command("status")(status)
     app.command("watch")(watch)
+    from streams.cli_alert_bridge import alert_bridge
+
+    app.command("alert-bridge")(alert_bridge)
+    from streams.cli_schemas import schemas_app
+
+    app.add_typer(schemas_app, name="schemas")
 
 
 @app.command("config")
@@ -104,16 +111,20 @@ def topics_create(
         int | None, typer.Option(help="Partitions (env VIGIL_PARTITIONS, 6).")
     ] = None,
 ) -> None:
-    """Create every topic of the catalogue (idempotent) and set the registry to BACKWARD."""
+    """Create every topic of the catalogue (idempotent) and register vigil's schemas under
+    their subjects, each set to BACKWARD_TRANSITIVE (as `vigil schemas register`; the
+    registry's global config is left alone)."""
     from streams.admin import create_topics, prepare_registry
+    from streams.cli_schemas import print_subjects
 
     s = _settings(bootstrap, registry, output_suffix=output_suffix or None, partitions=partitions)
     outcomes = create_topics(s)
-    prepare_registry(s, _codec(s))
+    subjects = prepare_registry(s, _codec(s))
     t = Table("topic", "outcome")
     for o in outcomes:
         t.add_row(o.name, o.detail)
     out.print(t)
+    print_subjects(subjects)
 
 
 @topics_app.command("list")
