@@ -293,3 +293,16 @@ def test_state_entries_without_traces_keep_their_five_fields() -> None:
     assert with_traces and all(e.traces for e in with_traces)
     for e in with_traces:
         assert Entry.decode(e.pack()).traces == e.traces
+
+
+def test_dropped_traceparents_are_exported_as_a_metric() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from streams.metrics import VigilCollector
+
+    proc = Processor(TOPICS, Stores())
+    bad = sent("op-1").model_copy(update={"traceparent": "not-a-traceparent"})
+    play([bad, Tick(T0 + timedelta(seconds=1))], proc)
+    registry = CollectorRegistry()
+    registry.register(VigilCollector(proc, lambda: {}))
+    assert "vigil_traceparents_dropped_total 1.0" in generate_latest(registry).decode()
