@@ -34,7 +34,7 @@ COMPOSE_FILE = DOCKER / "compose.yaml"
 DOCKERFILE = DOCKER / "Dockerfile"
 IGNORE_FILE = DOCKER / "Dockerfile.dockerignore"
 
-VIGIL_SERVICES = ("topics", "worker-1", "worker-2", "ticker", "console")
+VIGIL_SERVICES = ("topics", "worker-1", "worker-2", "ticker", "console", "alert-bridge")
 WORKERS = ("worker-1", "worker-2")
 # Settings the shell must not leak into the resolved compose file under test.
 ENV_PREFIXES = ("KAFKA_", "SCHEMA_REGISTRY_", "VIGIL_", "COMPOSE_")
@@ -124,6 +124,7 @@ def test_compose_vigil_services_run_the_image(services: dict[str, dict[str, Any]
         "worker-2": ["worker"],
         "ticker": ["ticker"],
         "console": ["console"],
+        "alert-bridge": ["alert-bridge"],
     }
     for name in VIGIL_SERVICES:
         build = services[name]["build"]
@@ -187,6 +188,32 @@ def test_compose_console_is_on_loopback_with_its_own_view(
     assert volume["target"] == "/var/lib/vigil"
     assert volume["source"] not in {v["source"] for w in WORKERS for v in services[w]["volumes"]}
     assert "6080/healthz" in " ".join(svc["healthcheck"]["test"])
+
+
+@needs_compose
+def test_compose_alert_bridge(services: dict[str, dict[str, Any]]) -> None:
+    svc = services["alert-bridge"]
+    conditions = {k: v["condition"] for k, v in svc["depends_on"].items()}
+    assert conditions == {"topics": "service_completed_successfully"}
+    env = svc["environment"]
+    assert env["VIGIL_ALERTMANAGER_URL"] == "http://alertmanager:9093"
+    assert env["VIGIL_CONSOLE_URL"] == "http://127.0.0.1:16080"
+    assert svc["healthcheck"] == {"disable": True} and not svc.get("ports")
+
+
+def test_alertmanager_example_config_is_valid() -> None:
+    """docker/alertmanager/alertmanager.yml as Alertmanager's own checker reads it."""
+    amtool = _tool("amtool")
+    if amtool is None:
+        pytest.skip("no amtool (Debian: apt-get install prometheus-alertmanager)")
+    proc = subprocess.run(
+        [amtool, "check-config", str(DOCKER / "alertmanager" / "alertmanager.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0 and "6 receivers" in proc.stdout, proc.stdout + proc.stderr
 
 
 @needs_compose
