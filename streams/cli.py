@@ -7,17 +7,57 @@ cluster use the local one that ``vigil dev up`` starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
-from datetime import UTC, datetime
+import traceback
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
+from streams.cli_errors import (
+    EXIT_CODES_HELP,
+    BadArgument,
+    BadInput,
+    KafkaUnreachable,
+    ServiceUnreachable,
+    UnknownTopic,
+    explain,
+)
 from streams.settings import Settings
+
+#: seconds the CLI waits for the broker's metadata before it says the broker is unreachable
+CONNECT_TIMEOUT = 10.0
+
+
+class _ErrorBoundary(TyperGroup):
+    """The CLI's one error boundary: any exception a command lets through becomes one line on
+    stderr and the exit code of its kind (``streams.cli_errors.explain``); the traceback only
+    with ``vigil --debug``. Usage errors, exits and Ctrl-C keep click's own handling."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.TyperException, typer.Abort):
+            raise
+        except BrokenPipeError:
+            # the reader went away (vigil consume … | head): not an error of vigil's
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(0) from None
+        except (Exception, KeyboardInterrupt) as exc:
+            explained = explain(exc)
+            if _debug():
+                traceback.print_exception(exc)
+            typer.echo(f"error: {explained.message}", err=True)
+            raise typer.Exit(int(explained.code)) from None
+
 
 app = typer.Typer(
     name="vigil",
@@ -26,9 +66,66 @@ app = typer.Typer(
         "going on: execution states, operation effects (UNKNOWN is never FAILED), approval-wait "
         "verdicts, reconciliation work and alerts."
     ),
+    epilog=EXIT_CODES_HELP,
     no_args_is_help=True,
     add_completion=False,
+    cls=_ErrorBoundary,
+    # Help texts are plain text: rich markup would eat "[default: …]" and any other brackets.
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 100},
 )
+
+
+@app.callback()
+def _global_options(
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            help="On an error, also print the traceback and the Kafka client's own logs.",
+        ),
+    ] = False,
+) -> None:
+    """Options of every command: run before each (the error boundary reads them too)."""
+    _options["debug"] = debug
+
+
+#: the global options of the current invocation
+_options: dict[str, bool] = {"debug": False}
+
+
+def _debug() -> bool:
+    return _options["debug"]
+
+
+def _quiet() -> dict[str, Any]:
+    """librdkafka settings of CLI clients: its own logs only with --debug (the CLI says what
+    went wrong in one line)."""
+    return {} if _debug() else {"log_level": 0}
+
+
+def _duration_option(option: str, text: str | None) -> timedelta | None:
+    from streams.durations import parse_duration
+
+    if text is None:
+        return None
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise BadArgument(f"{option}: {exc}") from None
+
+
+def _catalogue_topic(settings: Settings, name: str):  # type: ignore[no-untyped-def]
+    """The catalogue's spec of topic ``name``, or ``UnknownTopic`` listing the catalogue."""
+    from streams.topics import Topics
+
+    specs = Topics.from_settings(settings).all()
+    for spec in specs:
+        if spec.name == name:
+            return spec
+    raise UnknownTopic(name, [t.name for t in specs], "not in vigil's catalogue")
+
+
 topics_app = typer.Typer(help="Create and inspect the topic catalogue.", no_args_is_help=True)
 app.add_typer(topics_app, name="topics")
 
@@ -79,7 +176,7 @@ def _mount_optional() -> None:
     from streams.audit import audit
     from streams.cli_dev import dev_app
 
-    app.add_typer(dev_app, name="dev", help="Start, stop and inspect the local Kafka + registry.")
+    app.add_typer(dev_app, name="dev")
     app.command("audit")(audit)  # its help: the docstring (the --at boundary included)
     from streams.cli_api import status, watch
 
@@ -95,9 +192,15 @@ def _mount_optional() -> None:
 
 @app.command("config")
 def config_cmd(bootstrap: BootstrapOpt = None, registry: RegistryOpt = None) -> None:
-    """Print the effective settings (secrets masked)."""
+    """Print the effective settings (secrets masked), durations as they are written (24h)."""
     s = _settings(bootstrap, registry)
-    out.print_json(json.dumps(s.public(), default=str))
+    out.print_json(json.dumps(s.public(), default=_json_value))
+
+
+def _json_value(value: Any) -> Any:
+    from streams.durations import format_duration
+
+    return format_duration(value) if isinstance(value, timedelta) else str(value)
 
 
 @topics_app.command("create")
@@ -128,22 +231,60 @@ def topics_create(
 
 
 @topics_app.command("list")
-def topics_list(output_suffix: Annotated[str, typer.Option()] = "") -> None:
-    """Print the catalogue: name, key, record types, partitions, cleanup, retention."""
+def topics_list(
+    output_suffix: Annotated[
+        str, typer.Option(help="Suffix of the output topic names (a replay's set: -replay).")
+    ] = "",
+    json_output: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print a JSON array (name, role, key, records, partitions, cleanup, "
+            "retention, retention_ms, doc) instead of a table.",
+        ),
+    ] = False,
+) -> None:
+    """Print the catalogue: name, key, record types, partitions, cleanup, retention.
+
+    Retention is "forever" for VIGIL_RETENTION_MS=-1 (the default) and "-" for compacted
+    topics, which keep the latest record of every key."""
+    from streams.durations import format_duration
     from streams.topics import Topics
 
-    s = Settings.from_env(output_suffix=output_suffix or None)
-    t = Table("topic", "role", "key", "records", "partitions", "cleanup", "retention")
+    s = _settings(output_suffix=output_suffix or None)
+    rows = []
     for spec in Topics.from_settings(s).all():
-        ret = "-" if spec.cleanup_policy == "compact" else f"{spec.retention_ms // 86400000}d"
+        compact = spec.cleanup_policy == "compact"
+        rows.append(
+            {
+                "name": spec.name,
+                "role": str(spec.role),
+                "key": spec.key,
+                "records": [m.avro_name for m in spec.value_types],
+                "partitions": spec.partitions,
+                "cleanup": spec.cleanup_policy,
+                "retention": None
+                if compact
+                else "forever"
+                if spec.retention_ms < 0
+                else format_duration(timedelta(milliseconds=spec.retention_ms)),
+                "retention_ms": None if compact else spec.retention_ms,
+                "doc": spec.doc,
+            }
+        )
+    if json_output:
+        print(json.dumps(rows, indent=2))
+        return
+    t = Table("topic", "role", "key", "records", "partitions", "cleanup", "retention")
+    for row in rows:
         t.add_row(
-            spec.name,
-            spec.role,
-            spec.key,
-            ", ".join(m.avro_name for m in spec.value_types),
-            str(spec.partitions),
-            spec.cleanup_policy,
-            ret,
+            row["name"],
+            row["role"],
+            row["key"],
+            ", ".join(row["records"]),
+            str(row["partitions"]),
+            row["cleanup"],
+            row["retention"] or "-",
         )
     out.print(t)
 
@@ -152,51 +293,63 @@ def topics_list(output_suffix: Annotated[str, typer.Option()] = "") -> None:
 def produce(
     topic: Annotated[str, typer.Argument(help="Topic name, e.g. vigil.execution-status.")],
     file: Annotated[Path, typer.Argument(help="JSON Lines; '-' for stdin.", allow_dash=True)],
+    skip_bad: Annotated[
+        bool,
+        typer.Option(
+            "--skip-bad", help="Publish the valid lines even if some are bad (each reported)."
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Check the file only: publish nothing, need no cluster."),
+    ] = False,
     bootstrap: BootstrapOpt = None,
     registry: RegistryOpt = None,
 ) -> None:
-    """Produce JSON lines as Avro records.
+    """Produce JSON lines as Avro records: all of them, or none.
 
-    Each line is one record; "type" names the record type when the topic carries several (it
-    always may). The key is the record's execution id; the timestamp its event time. A
-    ClockTick line goes to the partition its "partition" field names (it has no key).
+    Each line is one record; "type" names the record type (it may be left out when the topic
+    carries one type besides clock ticks). The key is the record's execution id; the
+    timestamp its event time. A ClockTick line goes to the partition its "partition" field
+    names (it has no key).
+
+    The whole file is checked before anything is sent: each bad line is reported with its
+    number and field, and then nothing is published (exit 4) unless --skip-bad. Samples for
+    every input topic: streams/samples/<topic>.jsonl.
     """
-    from pydantic import ValidationError
-
-    from streams.clients import RecordProducer
-    from streams.models.events import ClockTick
-    from streams.topics import Topics
+    from streams.cli_consume import cluster_topics, require_topics
+    from streams.cli_produce import check_lines, read_lines
+    from streams.clients import DeliveryFailed, RecordProducer
 
     s = _settings(bootstrap, registry)
-    spec = Topics.from_settings(s).by_name(topic)
-    types = {m.avro_name: m for m in spec.value_types}
-    default = [m for m in spec.value_types if m.avro_name != "ClockTick"]
-    producer = RecordProducer(s, _codec(s))
-    stream = sys.stdin if str(file) == "-" else file.open()
-    sent = bad = 0
-    for n, line in enumerate(stream, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            name = obj.pop("type", None) or (default[0].avro_name if len(default) == 1 else None)
-            if name not in types:
-                raise ValueError(f"type {name!r} does not belong on {topic}; one of {list(types)}")
-            record = types[name].model_validate(obj)
-            if isinstance(record, ClockTick) and not 0 <= record.partition < spec.partitions:
-                raise ValueError(
-                    f"ClockTick partition {record.partition} is out of range: {topic} has "
-                    f"partitions 0..{spec.partitions - 1}"
-                )
-            producer.send(topic, record)
-            sent += 1
-        except (ValueError, ValidationError) as exc:
-            bad += 1
-            console.print(f"[red]line {n}:[/red] {exc}")
-    producer.flush()
-    console.print(f"produced {sent} records to {topic}" + (f", {bad} bad lines" if bad else ""))
-    if bad:
-        raise typer.Exit(2)
+    spec = _catalogue_topic(s, topic)
+    checked = check_lines(read_lines(file), spec)
+    shown = 100
+    for problem in checked.problems[:shown]:
+        typer.echo(f"{file}: {problem}", err=True)
+    if len(checked.problems) > shown:
+        typer.echo(f"{file}: … {len(checked.problems) - shown} more bad lines", err=True)
+    good, bad = len(checked.records), len(checked.problems)
+    if bad and not skip_bad:
+        raise BadInput(
+            f"{bad} bad line{'s' if bad > 1 else ''} in {file}: nothing published "
+            f"(--skip-bad publishes the {good} valid ones)"
+        )
+    skipped = f", {bad} bad lines skipped" if bad else ""
+    if dry_run:
+        typer.echo(f"{good} valid records for {topic}{skipped}; dry run: nothing published")
+        return
+    require_topics(s, [topic], cluster_topics(s, timeout=CONNECT_TIMEOUT, debug=_debug()))
+    producer = RecordProducer(s, _codec(s), **_quiet())
+    for _, record in checked.records:
+        producer.send(topic, record)
+    try:
+        producer.flush()
+    except DeliveryFailed as exc:
+        raise KafkaUnreachable(f"the broker refused {len(exc.failed)} records: {exc}") from None
+    except RuntimeError as exc:
+        raise KafkaUnreachable(f"{exc} (broker {s.bootstrap_servers})") from None
+    typer.echo(f"produced {good} records to {topic}{skipped}", err=True)
 
 
 @app.command("consume")
@@ -206,25 +359,94 @@ def consume_cmd(
         bool,
         typer.Option("--from-beginning", help="Start at the earliest offset instead of the end."),
     ] = False,
-    max_records: Annotated[int | None, typer.Option("--max", help="Stop after N records.")] = None,
+    offset: Annotated[
+        str | None,
+        typer.Option(
+            "--offset",
+            "-o",
+            metavar="OFFSET",
+            help="Where each partition starts: beginning, end, N (that offset) or -N (its last "
+            "N records).",
+        ),
+    ] = None,
+    from_time: Annotated[
+        str | None,
+        typer.Option(
+            "--from-time",
+            metavar="TIME",
+            help="Start at the first record at or after TIME: ISO-8601 with a timezone, or a "
+            "duration ago (10m). Record timestamps are event times.",
+        ),
+    ] = None,
+    partition: Annotated[
+        list[int] | None,
+        typer.Option("--partition", "-p", help="Read only this partition (repeatable)."),
+    ] = None,
+    key: Annotated[str | None, typer.Option("--key", help="Only records with this key.")] = None,
+    header: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--header",
+            "-H",
+            metavar="NAME=VALUE",
+            help="Only records with this header value, e.g. owner=RUNTIME_OWNER (repeatable: "
+            "all must match).",
+        ),
+    ] = None,
+    follow: Annotated[
+        bool,
+        typer.Option("--follow", "-f", help="Keep reading until Ctrl-C, however long it is idle."),
+    ] = False,
+    max_records: Annotated[
+        int | None, typer.Option("--max", help="Stop after N records (that pass the filters).")
+    ] = None,
     idle: Annotated[
         float, typer.Option(help="Stop after this many seconds without records.")
     ] = 5.0,
     bootstrap: BootstrapOpt = None,
     registry: RegistryOpt = None,
 ) -> None:
-    """Read Avro records and print them as JSON lines (with topic, partition, offset, key)."""
-    from streams.clients import consume
+    """Read Avro records and print them as JSON lines (with topic, partition, offset, key).
 
+    Starts at the end of each partition (only new records) unless --from-beginning, --offset
+    or --from-time says otherwise; stops after --idle seconds without records, or never with
+    --follow. Reads without a consumer group: nobody's offsets move.
+    """
+    from streams.cli_consume import parse_header_filters, read, start_from
+
+    when = None
+    if from_time is not None:
+        # an ISO time has "-" and ":" in it; a duration ago has neither
+        if "-" in from_time or ":" in from_time:
+            when = _parse_time(from_time)
+        else:
+            when = datetime.now(UTC) - (_duration_option("--from-time", from_time) or timedelta())
+    start = start_from(from_beginning=from_beginning, offset=offset, from_time=when)
+    filters = parse_header_filters(header or [])
     s = _settings(bootstrap, registry)
-    for r in consume(
+    records = read(
         s,
         _codec(s),
         topic,
-        from_beginning=from_beginning,
+        start=start,
+        partitions=partition or [],
+        follow=follow,
         max_records=max_records,
         idle_timeout=idle,
-    ):
+        key_filter=key,
+        header_filters=filters,
+        connect_timeout=CONNECT_TIMEOUT,
+        debug=_debug(),
+    )
+    try:
+        _print_records(records)
+    except KeyboardInterrupt:
+        if not follow:
+            raise
+
+
+def _print_records(records: Any) -> None:
+    for r in records:
         line: dict[str, Any] = {
             "topic": r.topic,
             "partition": r.partition,
@@ -287,7 +509,6 @@ def worker(
 ) -> None:
     """Run a stream-processing worker (Faust). Stop with Ctrl-C or SIGTERM."""
     from streams.app import run_worker
-    from streams.durations import parse_duration
 
     s = _settings(
         bootstrap,
@@ -297,9 +518,9 @@ def worker(
         store=store,
         data_dir=data_dir,
         batch_size=batch_size,
-        batch_wait=parse_duration(batch_wait) if batch_wait else None,
+        batch_wait=_duration_option("--batch-wait", batch_wait),
         fetch_min_bytes=fetch_min_bytes,
-        fetch_max_wait=parse_duration(fetch_max_wait) if fetch_max_wait else None,
+        fetch_max_wait=_duration_option("--fetch-max-wait", fetch_max_wait),
     )
     run_worker(s, loglevel=loglevel)
 
@@ -331,10 +552,9 @@ def ticker(
     see the same time. Serves its metrics and a health check (503 when no round of ticks was
     delivered for 5 intervals).
     """
-    from streams.durations import parse_duration
     from streams.ticker import health_address, run_ticker
 
-    s = _settings(bootstrap, registry, tick_interval=parse_duration(interval) if interval else None)
+    s = _settings(bootstrap, registry, tick_interval=_duration_option("--interval", interval))
     run_ticker(s, _codec(s), count=count, health=health_address(health_host, health_port))
 
 
@@ -529,8 +749,7 @@ def review_cmd(
     try:
         resp = httpx.post(url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30)
     except httpx.HTTPError as exc:
-        console.print(f"[red]error:[/red] cannot reach the console at {console_url}: {exc}")
-        raise typer.Exit(2) from None
+        raise ServiceUnreachable(f"cannot reach the console at {console_url}: {exc}") from None
     try:
         answer = resp.json()
     except ValueError:

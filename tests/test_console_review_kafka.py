@@ -250,4 +250,4 @@ def test_cli_errors_are_one_line(stack) -> None:
     res = runner.invoke(
         cli_app, [*args[:-1], "http://127.0.0.1:9"], env={"VIGIL_CONSOLE_WRITE_TOKEN": WRITE}
     )
-    assert res.exit_code == 2 and "cannot reach" in res.output and "Traceback" not in res.output
+    assert res.exit_code == 8 and "cannot reach" in res.output and "Traceback" not in res.output

@@ -58,9 +58,15 @@ def test_produce_writes_a_tick_line_to_the_partition_it_names(cluster, tmp_path:
 
     res = vigil(dep, "produce", topic, str(path))
 
-    # the out-of-range line is refused by number, the others are written
-    assert res.exit_code == 2, res.output
+    # the out-of-range line is refused by number, and then nothing is written
+    assert res.exit_code == 4, res.output
     assert "line 5" in res.output and "partition 4" in res.output and "0..3" in res.output
+    assert dep.read([topic], idle=2.0) == []
+
+    # --skip-bad writes the others
+    res = vigil(dep, "produce", topic, str(path), "--skip-bad")
+    assert res.exit_code == 0, res.output
+    assert "line 5" in res.output and "1 bad lines skipped" in res.output
     got = dep.read([topic], idle=2.0)
     assert len(got) == len(lines)
     for r in got:
