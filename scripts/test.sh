@@ -5,12 +5,13 @@
 # SCHEMA_REGISTRY_URL name a cluster, and stops what it started. Installs chromium (apt) when
 # /usr/bin/chromium is missing.
 set -euo pipefail
-# The console's browser tests drive Debian's chromium through Playwright (no browser download).
-if [ ! -x /usr/bin/chromium ]; then
+# The console's browser tests drive Debian's chromium through Playwright (no browser download);
+# the alert bridge's tests run Debian's Alertmanager.
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/prometheus-alertmanager ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium prometheus-alertmanager >/dev/null
 fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/bootstrap.sh"
