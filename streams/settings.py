@@ -1,15 +1,23 @@
 """Configuration from environment variables (CLI flags override them).
 
-Every setting has a documented default that works with ``vigil dev up``. Secrets (SASL
-password, registry credentials) are read here and never logged: ``Settings.__repr__`` masks them.
+Every variable is read by one typed model (``_Environment``, pydantic-settings), so a bad value
+is refused at start with a ``SettingsError`` that names the variable, what it holds and what is
+allowed. Durations are written the same way everywhere (``24h``, ``30s``, ``500ms``; a bare
+number is seconds). Every setting has a documented default that works with ``vigil dev up``.
+Secrets (SASL password, OAuth client secret, key password, registry credentials, API token)
+are never logged: ``Settings.__repr__`` leaves them out and ``Settings.public`` masks them.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streams.core.bounds import duration_problem
 from streams.durations import parse_duration
@@ -19,7 +27,18 @@ if TYPE_CHECKING:
 
 DEV_BOOTSTRAP = "127.0.0.1:19092"
 DEV_REGISTRY = "http://127.0.0.1:18081/apis/ccompat/v7"
-SECRET_FIELDS = frozenset({"sasl_password", "registry_basic_auth", "api_token"})
+SECRET_FIELDS = frozenset(
+    {
+        "sasl_password",
+        "registry_basic_auth",
+        "api_token",
+        "ssl_key_password",
+        "oauth_client_secret",
+    }
+)
+#: Kafka's ``security.protocol`` values and the SASL mechanisms vigil configures.
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -60,15 +79,167 @@ DOMAIN_DURATIONS = {
 }
 
 
-def _duration(variable: str, default: str) -> timedelta:
-    """The duration in ``variable``; a text that is none, or too large even for a timedelta,
-    is refused naming the variable."""
-    text = _env(variable, default)
-    assert text is not None
+def _to_duration(value: object) -> object:
+    """A text read as a duration (``parse_duration``); one too large even for a timedelta is
+    refused like any other bad text."""
+    if not isinstance(value, str):
+        return value
     try:
-        return parse_duration(text)
-    except (ValueError, OverflowError) as exc:
-        raise SettingsError(f"{variable}: {exc}") from exc
+        return parse_duration(value)
+    except OverflowError:
+        raise ValueError(f"too long a duration: {value!r}") from None
+
+
+def _positive(value: timedelta) -> timedelta:
+    if value <= timedelta(0):
+        raise ValueError("must be longer than zero (examples: 500ms, 15s, 1m)")
+    return value
+
+
+def _existing_file(value: str | None) -> str | None:
+    if value is not None and not Path(value).is_file():
+        raise ValueError(f"no such file: {value}")
+    return value
+
+
+def _upper(value: object) -> object:
+    return value.strip().upper() if isinstance(value, str) else value
+
+
+def _retention_ms(value: object) -> object:
+    """``forever`` (Kafka's -1) or a positive duration, as Kafka's ``retention.ms``."""
+    if not isinstance(value, str):
+        return value
+    if value.strip().lower() == "forever":
+        return -1
+    duration = _to_duration(value)
+    assert isinstance(duration, timedelta)
+    ms = duration // timedelta(milliseconds=1)
+    if ms <= 0:
+        raise ValueError("must be 'forever' or a positive duration (examples: 7d, 720h)")
+    return ms
+
+
+Duration = Annotated[timedelta, BeforeValidator(_to_duration)]
+PositiveDuration = Annotated[timedelta, BeforeValidator(_to_duration), AfterValidator(_positive)]
+ExistingFile = Annotated[str | None, AfterValidator(_existing_file)]
+Count = Annotated[int, Field(ge=1)]
+Port = Annotated[int, Field(ge=0, le=65535)]
+
+
+def _var(name: str, default: Any = None, **kw: Any) -> Any:
+    return Field(default, validation_alias=name, **kw)
+
+
+class _Environment(BaseSettings):
+    """What the environment says, typed; field names are ``Settings``' (each read from the
+    variable its alias names). Unset or empty variables take the default."""
+
+    model_config = SettingsConfigDict(
+        case_sensitive=True, env_ignore_empty=True, extra="ignore", frozen=True
+    )
+
+    bootstrap_servers: str = _var("KAFKA_BOOTSTRAP_SERVERS", DEV_BOOTSTRAP)
+    schema_registry_url: str = _var("SCHEMA_REGISTRY_URL", DEV_REGISTRY)
+    topic_prefix: str = _var("VIGIL_TOPIC_PREFIX", "vigil")
+    output_suffix: str = _var("VIGIL_OUTPUT_SUFFIX", "")
+    partitions: Count = _var("VIGIL_PARTITIONS", 6)
+    replication_factor: Count = _var("VIGIL_REPLICATION_FACTOR", 1)
+    app_id: str = _var("VIGIL_APP_ID", "vigil")
+    store: str = _var("VIGIL_STORE", "memory://")
+    data_dir: str = _var("VIGIL_DATA_DIR", "vigil-data")
+    web_host: str = _var("VIGIL_WEB_HOST", "127.0.0.1")
+    web_port: Port = _var("VIGIL_WEB_PORT", 6066)
+    tick_interval: PositiveDuration = _var("VIGIL_TICK_INTERVAL", "1s")
+    retention: Annotated[int | None, BeforeValidator(_retention_ms)] = _var("VIGIL_RETENTION")
+    retention_ms_old: Annotated[int | None, Field(ge=-1)] = _var("VIGIL_RETENTION_MS")
+    closed_retention: Duration = _var("VIGIL_CLOSED_RETENTION", "24h")
+    grace: Duration = _var("VIGIL_GRACE", "5m")
+    heartbeat_fresh: Duration = _var("VIGIL_HEARTBEAT_FRESH", "10m")
+    delivery_deadline: Duration = _var("VIGIL_DELIVERY_DEADLINE", "5m")
+    reply_timeout: Duration = _var("VIGIL_REPLY_TIMEOUT", "30s")
+    verify_timeout: Duration = _var("VIGIL_VERIFY_TIMEOUT", "5m")
+    policies_file: str | None = _var("VIGIL_POLICIES_FILE")
+    orphan_after: Duration = _var("VIGIL_ORPHAN_AFTER", "1h")
+    max_future_skew: Duration = _var("VIGIL_MAX_FUTURE_SKEW", "1h")
+    api_token: str | None = _var("VIGIL_API_TOKEN")
+    sse_keepalive: PositiveDuration = _var("VIGIL_SSE_KEEPALIVE", "15s")
+    batch_size: Count = _var("VIGIL_BATCH_SIZE", 5000)
+    batch_wait: Duration = _var("VIGIL_BATCH_WAIT", "20ms")
+    fetch_bytes: Count = _var("VIGIL_FETCH_BYTES", 256 * 1024)
+    fetch_min_bytes: Count = _var("VIGIL_FETCH_MIN_BYTES", 16 * 1024)
+    fetch_max_wait: Duration = _var("VIGIL_FETCH_MAX_WAIT", "25ms")
+    max_held: Count = _var("VIGIL_MAX_HELD", 2000)
+    registry_retry_max: PositiveDuration = _var("VIGIL_REGISTRY_RETRY_MAX", "30s")
+    registry_outage_alert: Duration = _var("VIGIL_REGISTRY_OUTAGE_ALERT", "1m")
+    max_record_failures: Count = _var("VIGIL_MAX_RECORD_FAILURES", 3)
+    session_timeout: PositiveDuration = _var("VIGIL_SESSION_TIMEOUT", "30s")
+    state_gauges_interval: PositiveDuration = _var("VIGIL_STATE_GAUGES_INTERVAL", "10s")
+    security_protocol: Annotated[
+        Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"], BeforeValidator(_upper)
+    ] = _var("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT")
+    sasl_mechanism: Annotated[
+        Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None,
+        BeforeValidator(_upper),
+    ] = _var("KAFKA_SASL_MECHANISM")
+    sasl_username: str | None = _var("KAFKA_SASL_USERNAME")
+    sasl_password: str | None = _var("KAFKA_SASL_PASSWORD")
+    oauth_token_url: str | None = _var("KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL")
+    oauth_client_id: str | None = _var("KAFKA_SASL_OAUTHBEARER_CLIENT_ID")
+    oauth_client_secret: str | None = _var("KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET")
+    oauth_scope: str | None = _var("KAFKA_SASL_OAUTHBEARER_SCOPE")
+    ssl_ca_file: ExistingFile = _var("KAFKA_SSL_CA_FILE")
+    ssl_cert_file: ExistingFile = _var("KAFKA_SSL_CERT_FILE")
+    ssl_key_file: ExistingFile = _var("KAFKA_SSL_KEY_FILE")
+    ssl_key_password: str | None = _var("KAFKA_SSL_KEY_PASSWORD")
+    registry_basic_auth: str | None = _var("SCHEMA_REGISTRY_BASIC_AUTH")
+    registry_ssl_ca_file: ExistingFile = _var("SCHEMA_REGISTRY_SSL_CA_FILE")
+    registry_ssl_cert_file: ExistingFile = _var("SCHEMA_REGISTRY_SSL_CERT_FILE")
+    registry_ssl_key_file: ExistingFile = _var("SCHEMA_REGISTRY_SSL_KEY_FILE")
+    auto_register: bool = _var("VIGIL_AUTO_REGISTER", False)
+
+
+#: The variable of each setting read from the environment.
+VARIABLES: dict[str, str] = {
+    name: str(info.validation_alias) for name, info in _Environment.model_fields.items()
+}
+
+
+def _problem(error: Any) -> str:
+    """One validation error in words that say what is allowed, without library URLs."""
+    kind, ctx = error["type"], error.get("ctx", {})
+    if kind == "value_error":
+        return str(ctx["error"])
+    if kind == "int_parsing":
+        return "not a whole number"
+    if kind == "greater_than_equal":
+        return f"must be at least {ctx['ge']}"
+    if kind == "less_than_equal":
+        return f"must be at most {ctx['le']}"
+    if kind == "literal_error":
+        return f"must be one of {ctx['expected']}"
+    if kind == "bool_parsing":
+        return "not one of true, false, yes, no, on, off, 1, 0"
+    return str(error["msg"])
+
+
+def settings_error(exc: ValidationError, secrets: frozenset[str] = frozenset()) -> SettingsError:
+    """A ``SettingsError`` naming each refused variable, its value (never a secret's) and
+    what the variable takes."""
+    lines = []
+    for error in exc.errors():
+        variable = str(error["loc"][0]) if error["loc"] else "settings"
+        shown = "" if variable in secrets else f"={error['input']!r}"
+        lines.append(f"{variable}{shown}: {_problem(error)}")
+    return SettingsError("; ".join(lines))
+
+
+def read_environment() -> _Environment:
+    """The environment's settings, or a ``SettingsError`` naming every variable refused."""
+    try:
+        return _Environment()
+    except ValidationError as exc:
+        raise settings_error(exc, frozenset(VARIABLES[name] for name in SECRET_FIELDS)) from None
 
 
 @dataclass(frozen=True)
@@ -96,9 +267,12 @@ class Settings:
     web_port: int = 6066
     #: VIGIL_TICK_INTERVAL — how often the ticker writes clock ticks (e.g. 1s, 500ms).
     tick_interval: timedelta = timedelta(seconds=1)
-    #: VIGIL_RETENTION_MS — retention of the non-compacted topics. Record timestamps are event
-    #: times, so Kafka's time retention counts in event time; -1 (keep everything) by default,
-    #: because a backfill or a replay of last quarter's events must not be deleted on arrival.
+    #: VIGIL_RETENTION — retention of the non-compacted topics: ``forever`` (the default) or a
+    #: duration (``30d``), kept here in Kafka's ``retention.ms`` (-1: forever). Record
+    #: timestamps are event times, so Kafka's time retention counts in event time; forever by
+    #: default, because a backfill or a replay of last quarter's events must not be deleted on
+    #: arrival. The older ``VIGIL_RETENTION_MS`` (milliseconds, -1 forever) is read when
+    #: ``VIGIL_RETENTION`` is unset.
     retention_ms: int = -1
     #: VIGIL_CLOSED_RETENTION — how long closed executions/approvals are remembered.
     closed_retention: timedelta = timedelta(hours=24)
@@ -122,8 +296,9 @@ class Settings:
     max_future_skew: timedelta = timedelta(hours=1)
     #: VIGIL_API_TOKEN — when set, every HTTP endpoint wants "Authorization: Bearer <token>".
     api_token: str | None = field(default=None, repr=False)
-    #: VIGIL_SSE_KEEPALIVE — seconds between keep-alive comments on idle SSE streams.
-    sse_keepalive: float = 15.0
+    #: VIGIL_SSE_KEEPALIVE — time between keep-alive comments on idle SSE streams (a bare
+    #: number is seconds).
+    sse_keepalive: timedelta = timedelta(seconds=15)
     #: VIGIL_BATCH_SIZE, VIGIL_BATCH_WAIT — the worker takes up to this many input records, or
     #: what came within this wait, processes them, delivers their outputs, then writes its state
     #: once for the lot: larger batches, fewer round trips; a longer wait, more latency.
@@ -166,13 +341,36 @@ class Settings:
     #: flight, UNKNOWN operations, open work items and approvals) are counted, off the event
     #: loop; a scrape reads the last count (``vigil_state_gauges_age_seconds``).
     state_gauges_interval: timedelta = timedelta(seconds=10)
-    #: KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD
+    #: KAFKA_SECURITY_PROTOCOL — PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.
     security_protocol: str = "PLAINTEXT"
+    #: KAFKA_SASL_MECHANISM — PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (with KAFKA_SASL_USERNAME and
+    #: KAFKA_SASL_PASSWORD) or OAUTHBEARER (with the KAFKA_SASL_OAUTHBEARER_* below).
     sasl_mechanism: str | None = None
     sasl_username: str | None = None
     sasl_password: str | None = field(default=None, repr=False)
+    #: KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL, KAFKA_SASL_OAUTHBEARER_CLIENT_ID,
+    #: KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET, KAFKA_SASL_OAUTHBEARER_SCOPE — OAuth 2 client
+    #: credentials: every client fetches its token from the endpoint and fetches a new one
+    #: before it expires (``streams.security``).
+    oauth_token_url: str | None = None
+    oauth_client_id: str | None = None
+    oauth_client_secret: str | None = field(default=None, repr=False)
+    oauth_scope: str | None = None
+    #: KAFKA_SSL_CA_FILE — PEM file of the CA(s) that signed the brokers' certificates (default:
+    #: the system's trust store); KAFKA_SSL_CERT_FILE, KAFKA_SSL_KEY_FILE, KAFKA_SSL_KEY_PASSWORD
+    #: — a client certificate (PEM) and its key, for brokers that authenticate clients by TLS.
+    ssl_ca_file: str | None = None
+    ssl_cert_file: str | None = None
+    ssl_key_file: str | None = None
+    ssl_key_password: str | None = field(default=None, repr=False)
     #: SCHEMA_REGISTRY_BASIC_AUTH — "user:secret"
     registry_basic_auth: str | None = field(default=None, repr=False)
+    #: SCHEMA_REGISTRY_SSL_CA_FILE, SCHEMA_REGISTRY_SSL_CERT_FILE, SCHEMA_REGISTRY_SSL_KEY_FILE —
+    #: the same for an https registry (its CA is not taken from KAFKA_SSL_CA_FILE: the registry
+    #: is often signed by another CA).
+    registry_ssl_ca_file: str | None = None
+    registry_ssl_cert_file: str | None = None
+    registry_ssl_key_file: str | None = None
     #: VIGIL_AUTO_REGISTER — whether the worker and the CLI register a schema the registry
     #: lacks (a dev convenience, off by default: ``vigil schemas register`` registers them).
     auto_register: bool = False
@@ -183,56 +381,77 @@ class Settings:
             problem = duration_problem(value, positive=positive)
             if problem is not None:
                 raise SettingsError(f"{variable} ({name}) = {value} {problem}")
+        problem = self.security_problem()
+        if problem is not None:
+            raise SettingsError(problem)
+
+    def security_problem(self) -> str | None:
+        """What makes the TLS and SASL settings unusable together, naming the variables."""
+        protocol, mechanism = self.security_protocol, self.sasl_mechanism
+        if protocol not in SECURITY_PROTOCOLS:
+            return f"KAFKA_SECURITY_PROTOCOL={protocol!r}: must be one of {SECURITY_PROTOCOLS}"
+        if protocol.startswith("SASL_"):
+            if mechanism not in SASL_MECHANISMS:
+                return (
+                    f"KAFKA_SASL_MECHANISM: KAFKA_SECURITY_PROTOCOL={protocol} needs one of "
+                    f"{', '.join(SASL_MECHANISMS)}"
+                )
+            if mechanism == "OAUTHBEARER":
+                wanted = {
+                    "KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL": self.oauth_token_url,
+                    "KAFKA_SASL_OAUTHBEARER_CLIENT_ID": self.oauth_client_id,
+                    "KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET": self.oauth_client_secret,
+                }
+            else:
+                wanted = {
+                    "KAFKA_SASL_USERNAME": self.sasl_username,
+                    "KAFKA_SASL_PASSWORD": self.sasl_password,
+                }
+            missing = [variable for variable, value in wanted.items() if not value]
+            if missing:
+                return f"{', '.join(missing)}: needed with KAFKA_SASL_MECHANISM={mechanism}"
+        elif mechanism:
+            return (
+                f"KAFKA_SASL_MECHANISM={mechanism}: KAFKA_SECURITY_PROTOCOL={protocol} uses no "
+                "SASL (set it to SASL_SSL or SASL_PLAINTEXT)"
+            )
+        if not protocol.endswith("SSL"):
+            for variable, value in (
+                ("KAFKA_SSL_CA_FILE", self.ssl_ca_file),
+                ("KAFKA_SSL_CERT_FILE", self.ssl_cert_file),
+                ("KAFKA_SSL_KEY_FILE", self.ssl_key_file),
+            ):
+                if value:
+                    return (
+                        f"{variable}: KAFKA_SECURITY_PROTOCOL={protocol} uses no TLS (set it "
+                        "to SSL or SASL_SSL)"
+                    )
+        for prefix, cert, key in (
+            ("KAFKA_SSL", self.ssl_cert_file, self.ssl_key_file),
+            ("SCHEMA_REGISTRY_SSL", self.registry_ssl_cert_file, self.registry_ssl_key_file),
+        ):
+            if bool(cert) != bool(key):
+                return f"{prefix}_CERT_FILE and {prefix}_KEY_FILE: set both or neither"
+        registry_tls = self.registry_ssl_ca_file or self.registry_ssl_cert_file
+        if registry_tls and not self.schema_registry_url.startswith("https://"):
+            return (
+                "SCHEMA_REGISTRY_SSL_*: SCHEMA_REGISTRY_URL is not an https:// URL "
+                f"({self.schema_registry_url})"
+            )
+        return None
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
-        d = cls()
-        s = cls(
-            bootstrap_servers=_env("KAFKA_BOOTSTRAP_SERVERS", d.bootstrap_servers),  # type: ignore[arg-type]
-            schema_registry_url=_env("SCHEMA_REGISTRY_URL", d.schema_registry_url),  # type: ignore[arg-type]
-            topic_prefix=_env("VIGIL_TOPIC_PREFIX", d.topic_prefix),  # type: ignore[arg-type]
-            output_suffix=_env("VIGIL_OUTPUT_SUFFIX", d.output_suffix),  # type: ignore[arg-type]
-            partitions=int(_env("VIGIL_PARTITIONS", str(d.partitions))),  # type: ignore[arg-type]
-            replication_factor=int(_env("VIGIL_REPLICATION_FACTOR", "1")),  # type: ignore[arg-type]
-            app_id=_env("VIGIL_APP_ID", d.app_id),  # type: ignore[arg-type]
-            store=_env("VIGIL_STORE", d.store),  # type: ignore[arg-type]
-            data_dir=_env("VIGIL_DATA_DIR", d.data_dir),  # type: ignore[arg-type]
-            web_host=_env("VIGIL_WEB_HOST", d.web_host),  # type: ignore[arg-type]
-            web_port=int(_env("VIGIL_WEB_PORT", str(d.web_port))),  # type: ignore[arg-type]
-            tick_interval=_duration("VIGIL_TICK_INTERVAL", "1s"),
-            retention_ms=int(_env("VIGIL_RETENTION_MS", "-1")),  # type: ignore[arg-type]
-            closed_retention=_duration("VIGIL_CLOSED_RETENTION", "24h"),
-            grace=_duration("VIGIL_GRACE", "5m"),
-            heartbeat_fresh=_duration("VIGIL_HEARTBEAT_FRESH", "10m"),
-            delivery_deadline=_duration("VIGIL_DELIVERY_DEADLINE", "5m"),
-            reply_timeout=_duration("VIGIL_REPLY_TIMEOUT", "30s"),
-            verify_timeout=_duration("VIGIL_VERIFY_TIMEOUT", "5m"),
-            policies_file=_env("VIGIL_POLICIES_FILE"),
-            orphan_after=_duration("VIGIL_ORPHAN_AFTER", "1h"),
-            max_future_skew=_duration("VIGIL_MAX_FUTURE_SKEW", "1h"),
-            api_token=_env("VIGIL_API_TOKEN"),
-            sse_keepalive=float(_env("VIGIL_SSE_KEEPALIVE", "15")),  # type: ignore[arg-type]
-            batch_size=int(_env("VIGIL_BATCH_SIZE", str(d.batch_size))),  # type: ignore[arg-type]
-            batch_wait=_duration("VIGIL_BATCH_WAIT", "20ms"),
-            fetch_bytes=int(_env("VIGIL_FETCH_BYTES", str(d.fetch_bytes))),  # type: ignore[arg-type]
-            fetch_min_bytes=int(_env("VIGIL_FETCH_MIN_BYTES", str(d.fetch_min_bytes))),  # type: ignore[arg-type]
-            fetch_max_wait=_duration("VIGIL_FETCH_MAX_WAIT", "25ms"),
-            max_held=int(_env("VIGIL_MAX_HELD", str(d.max_held))),  # type: ignore[arg-type]
-            registry_retry_max=parse_duration(_env("VIGIL_REGISTRY_RETRY_MAX", "30s")),  # type: ignore[arg-type]
-            registry_outage_alert=parse_duration(_env("VIGIL_REGISTRY_OUTAGE_ALERT", "1m")),  # type: ignore[arg-type]
-            max_record_failures=int(
-                _env("VIGIL_MAX_RECORD_FAILURES", str(d.max_record_failures))  # type: ignore[arg-type]
-            ),
-            session_timeout=parse_duration(_env("VIGIL_SESSION_TIMEOUT", "30s")),  # type: ignore[arg-type]
-            state_gauges_interval=parse_duration(_env("VIGIL_STATE_GAUGES_INTERVAL", "10s")),  # type: ignore[arg-type]
-            security_protocol=_env("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),  # type: ignore[arg-type]
-            sasl_mechanism=_env("KAFKA_SASL_MECHANISM"),
-            sasl_username=_env("KAFKA_SASL_USERNAME"),
-            sasl_password=_env("KAFKA_SASL_PASSWORD"),
-            registry_basic_auth=_env("SCHEMA_REGISTRY_BASIC_AUTH"),
-            auto_register=_flag("VIGIL_AUTO_REGISTER"),
-        )
-        return replace(s, **{k: v for k, v in overrides.items() if v is not None})
+        """The settings of the environment, with ``overrides`` (the CLI's flags; None: not
+        given) taking precedence."""
+        env = read_environment()
+        values = env.model_dump(exclude={"retention", "retention_ms_old"})
+        if env.retention is not None:
+            values["retention_ms"] = env.retention
+        elif env.retention_ms_old is not None:
+            values["retention_ms"] = env.retention_ms_old
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
 
     def public(self) -> dict[str, Any]:
         """Settings safe to print: secrets masked."""
@@ -266,4 +485,36 @@ class Settings:
             conf["sasl.username"] = self.sasl_username
         if self.sasl_password:
             conf["sasl.password"] = self.sasl_password
+        if self.sasl_mechanism == "OAUTHBEARER":
+            # librdkafka fetches the token itself (client credentials grant) and refreshes it
+            conf.update(
+                {
+                    "sasl.oauthbearer.method": "oidc",
+                    "sasl.oauthbearer.token.endpoint.url": self.oauth_token_url,
+                    "sasl.oauthbearer.client.id": self.oauth_client_id,
+                    "sasl.oauthbearer.client.secret": self.oauth_client_secret,
+                }
+            )
+            if self.oauth_scope:
+                conf["sasl.oauthbearer.scope"] = self.oauth_scope
+        for key, value in (
+            ("ssl.ca.location", self.ssl_ca_file),
+            ("ssl.certificate.location", self.ssl_cert_file),
+            ("ssl.key.location", self.ssl_key_file),
+            ("ssl.key.password", self.ssl_key_password),
+        ):
+            if value:
+                conf[key] = value
         return conf
+
+    def registry_tls(self) -> dict[str, str]:
+        """The TLS settings of the schema-registry client, in confluent's keys."""
+        return {
+            key: value
+            for key, value in (
+                ("ssl.ca.location", self.registry_ssl_ca_file),
+                ("ssl.certificate.location", self.registry_ssl_cert_file),
+                ("ssl.key.location", self.registry_ssl_key_file),
+            )
+            if value
+        }

@@ -186,7 +186,9 @@ def register_web(
                     if any(e.terminal for e in events):
                         break
                     try:
-                        await asyncio.wait_for(waiter.wait(), settings.sse_keepalive)
+                        await asyncio.wait_for(
+                            waiter.wait(), settings.sse_keepalive.total_seconds()
+                        )
                     except TimeoutError:
                         await resp.write(b": keep-alive\n\n")
             except (ConnectionResetError, asyncio.CancelledError):

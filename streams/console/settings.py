@@ -6,19 +6,16 @@ are the console's own.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streams.durations import parse_duration
-from streams.settings import Settings, SettingsError
-
-
-def _env(name: str) -> str | None:
-    value = os.environ.get(name)
-    return value if value not in (None, "") else None
+from streams.settings import Port, Settings, settings_error
 
 
 @dataclass(frozen=True)
@@ -40,28 +37,45 @@ class ConsoleSettings:
 
     @classmethod
     def from_env(cls, settings: Settings, **overrides: Any) -> ConsoleSettings:
-        since_text = _env("VIGIL_CONSOLE_ALERTS_SINCE") or "7d"
-        port_text = _env("VIGIL_CONSOLE_PORT") or "6080"
         try:
-            port = int(port_text)
-        except ValueError:
-            raise SettingsError(f"VIGIL_CONSOLE_PORT: not a port: {port_text!r}") from None
+            env = _ConsoleEnvironment()
+        except ValidationError as exc:
+            secrets = frozenset({"VIGIL_CONSOLE_TOKEN", "VIGIL_CONSOLE_WRITE_TOKEN"})
+            raise settings_error(exc, secrets) from None
         s = cls(
-            host=_env("VIGIL_CONSOLE_HOST") or "127.0.0.1",
-            port=port,
-            db=_env("VIGIL_CONSOLE_DB") or str(Path(settings.data_dir) / "console.sqlite3"),
-            read_token=_env("VIGIL_CONSOLE_TOKEN"),
-            write_token=_env("VIGIL_CONSOLE_WRITE_TOKEN"),
-            alerts_since=parse_since(since_text),
+            host=env.host,
+            port=env.port,
+            db=env.db or str(Path(settings.data_dir) / "console.sqlite3"),
+            read_token=env.read_token,
+            write_token=env.write_token,
+            alerts_since=env.alerts_since,
         )
         return replace(s, **{k: v for k, v in overrides.items() if v is not None})
 
 
-def parse_since(text: str) -> timedelta | None:
-    """``all`` or a duration (``7d``, ``36h``); refused naming the variable otherwise."""
-    if text.strip().lower() == "all":
+def _since(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    if value.strip().lower() == "all":
         return None
     try:
-        return parse_duration(text)
+        return parse_duration(value)
     except (ValueError, OverflowError) as exc:
-        raise SettingsError(f"VIGIL_CONSOLE_ALERTS_SINCE: {exc} (or 'all')") from exc
+        raise ValueError(f"{exc} (or 'all')") from None
+
+
+class _ConsoleEnvironment(BaseSettings):
+    """The console's variables, typed (``streams.settings`` reads the shared ones)."""
+
+    model_config = SettingsConfigDict(
+        case_sensitive=True, env_ignore_empty=True, extra="ignore", frozen=True
+    )
+
+    host: str = Field("127.0.0.1", validation_alias="VIGIL_CONSOLE_HOST")
+    port: Port = Field(6080, validation_alias="VIGIL_CONSOLE_PORT")
+    db: str | None = Field(None, validation_alias="VIGIL_CONSOLE_DB")
+    read_token: str | None = Field(None, validation_alias="VIGIL_CONSOLE_TOKEN")
+    write_token: str | None = Field(None, validation_alias="VIGIL_CONSOLE_WRITE_TOKEN")
+    alerts_since: Annotated[timedelta | None, BeforeValidator(_since)] = Field(
+        "7d", validation_alias="VIGIL_CONSOLE_ALERTS_SINCE"
+    )
