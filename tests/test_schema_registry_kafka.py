@@ -160,3 +160,24 @@ def test_worker_writes_single_type_outputs_under_topic_value(cluster, tmp_path: 
     registry = dep.codec.registry
     assert registry.get_latest_version(f"{topic}-value").schema_id == schema_id
     assert f"{topic}-vigil.v1.outputs.ExecutionState" not in registry.get_subjects()
+
+
+def test_schemas_check_asks_the_registry_about_each_subject(cluster, tmp_path: Path) -> None:
+    dep = deployment(cluster, tmp_path, partitions=1)
+    res = vigil(dep, "schemas", "check")  # the project's schemas against what was registered
+    assert res.exit_code == 0, res.output
+    assert "all compatible" in res.output
+
+    alert = json.loads((Path(__file__).resolve().parents[1] / "schemas/Alert.avsc").read_text())
+    changed = tmp_path / "Alert.avsc"  # outside git: checked against the registry only
+    required = {"name": "tenant", "type": "string", "doc": "no default"}
+    changed.write_text(json.dumps(dict(alert, fields=[*alert["fields"], required])))
+    res = vigil(dep, "schemas", "check", str(changed))
+    assert res.exit_code == 1, res.output
+    assert f"against registry {dep.topics.alerts.name}-value" in res.output
+
+    optional = {"name": "tenant", "type": ["null", "string"], "default": None}
+    changed.write_text(json.dumps(dict(alert, fields=[*alert["fields"], optional])))
+    res = vigil(dep, "schemas", "check", str(changed))
+    assert res.exit_code == 0, res.output
+    assert "1 earlier version(s) checked: all compatible" in res.output
