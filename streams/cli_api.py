@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from streams.cli_errors import ServiceUnreachable
 from streams.codec import ALL_MODELS
 
 UrlOpt = Annotated[
@@ -37,7 +38,8 @@ def _fail(resp: httpx.Response, console: Console) -> None:
         message = resp.json().get("error", resp.text)
     except ValueError:
         message = resp.text
-    console.print(f"[red]{resp.status_code}[/red] {message}")
+    # the message may hold brackets (allowed values): printed as text, not markup
+    console.print(f"{resp.status_code} {message}", markup=False, highlight=False)
     raise typer.Exit(1 if resp.status_code == 404 else 2)
 
 
@@ -57,8 +59,7 @@ def status(
             timeout=10,
         )
     except httpx.HTTPError as exc:
-        err.print(f"[red]cannot reach {url}:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        raise ServiceUnreachable(f"cannot reach the worker at {url}: {exc}") from None
     if resp.status_code != 200:
         _fail(resp, err)
     body: dict[str, Any] = resp.json()
@@ -165,6 +166,7 @@ def watch(
         except httpx.HTTPError as exc:
             attempts += 1
             if attempts > retries:
-                err.print(f"[red]stream lost:[/red] {exc}")
-                raise typer.Exit(2) from exc
+                raise ServiceUnreachable(
+                    f"lost the stream of {url} after {retries} reconnections: {exc}"
+                ) from None
             time.sleep(min(5.0, 0.5 * attempts))

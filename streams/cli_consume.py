@@ -116,7 +116,7 @@ def resolve(start: Start, low: int, high: int, at_time: int | None = None) -> in
         return min(max(start.value, low), high)
     if start.kind == "last":
         return max(high - start.value, low)
-    return high if at_time is None or at_time < 0 else max(at_time, low)
+    return high if at_time is None or at_time < 0 else min(max(at_time, low), high)
 
 
 def _quiet(debug: bool) -> dict[str, Any]:
