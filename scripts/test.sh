@@ -6,12 +6,13 @@
 # /usr/bin/chromium is missing.
 set -euo pipefail
 # The console's browser tests drive Debian's chromium through Playwright (no browser download);
-# the alert bridge's tests run Debian's Alertmanager.
-if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/prometheus-alertmanager ]; then
+# the alert bridge's tests run Debian's Alertmanager; promtool (Debian's prometheus) checks
+# and unit-tests docker/prometheus/.
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/prometheus-alertmanager ] || [ ! -x /usr/bin/promtool ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium prometheus-alertmanager >/dev/null
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium prometheus-alertmanager prometheus >/dev/null
 fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/bootstrap.sh"
