@@ -36,6 +36,7 @@ IGNORE_FILE = DOCKER / "Dockerfile.dockerignore"
 
 VIGIL_SERVICES = ("topics", "worker-1", "worker-2", "ticker", "console", "alert-bridge")
 WORKERS = ("worker-1", "worker-2")
+MONITORING = ("prometheus", "alertmanager", "grafana")
 # Settings the shell must not leak into the resolved compose file under test.
 ENV_PREFIXES = ("KAFKA_", "SCHEMA_REGISTRY_", "VIGIL_", "COMPOSE_")
 
@@ -107,7 +108,7 @@ def _settings_names() -> set[str]:
 
 @needs_compose
 def test_compose_has_the_stack(services: dict[str, dict[str, Any]]) -> None:
-    assert set(services) == {"kafka", "registry-db", "registry", *VIGIL_SERVICES}
+    assert set(services) == {"kafka", "registry-db", "registry", *VIGIL_SERVICES, *MONITORING}
     assert services["kafka"]["image"] == "apache/kafka:4.1.1"
     assert services["registry"]["image"] == "apicurio/apicurio-registry:3.0.9"
     for name, svc in services.items():
@@ -155,6 +156,46 @@ def test_compose_ticker_is_probed_on_its_health_port(services: dict[str, dict[st
     env = svc["environment"]
     assert env["VIGIL_TICKER_PORT"] == "6068" and env["VIGIL_TICKER_HOST"] == "0.0.0.0"
     assert not svc.get("ports")  # scraped on the compose network only
+
+
+@needs_compose
+def test_compose_monitoring_is_wired_to_the_shipped_files(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """Prometheus reads docker/prometheus (config, rules), Alertmanager its config file,
+    Grafana its provisioning and dashboards; each on the host's loopback only, probed, with
+    its own volume."""
+
+    def mounts(name: str) -> dict[str, Path]:
+        return {
+            v["target"]: Path(v["source"]) for v in services[name]["volumes"] if v["type"] == "bind"
+        }
+
+    assert mounts("prometheus") == {"/etc/prometheus": DOCKER / "prometheus"}
+    prom = services["prometheus"]["command"]
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prom
+    assert (DOCKER / "prometheus" / "prometheus.yml").is_file()
+    assert mounts("alertmanager") == {
+        "/etc/alertmanager/alertmanager.yml": DOCKER / "alertmanager" / "alertmanager.yml"
+    }
+    assert "--config.file=/etc/alertmanager/alertmanager.yml" in services["alertmanager"]["command"]
+    assert mounts("grafana") == {
+        "/etc/grafana/provisioning": DOCKER / "grafana" / "provisioning",
+        "/var/lib/grafana/dashboards": DOCKER / "grafana" / "dashboards",
+    }
+    assert (DOCKER / "grafana" / "dashboards" / "vigil.json").is_file()
+    # the scrape targets are the compose services and their ports
+    config = (DOCKER / "prometheus" / "prometheus.yml").read_text()
+    for target in ("worker-1:6066", "worker-2:6066", "ticker:6068", "alertmanager:9093"):
+        assert f'"{target}"' in config, target
+    ports = {"prometheus": 9090, "alertmanager": 9093, "grafana": 3000}
+    volumes = set()
+    for name, port in ports.items():
+        svc = services[name]
+        assert [(p["host_ip"], p["target"]) for p in svc["ports"]] == [("127.0.0.1", port)]
+        assert f"127.0.0.1:{port}/" in " ".join(svc["healthcheck"]["test"]), name
+        volumes |= {v["source"] for v in svc["volumes"] if v["type"] == "volume"}
+    assert len(volumes) == 3
 
 
 @needs_compose
