@@ -46,11 +46,7 @@ SuffixOpt = Annotated[
 def _registry(settings: Settings) -> Any:
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    from streams.codec import RegistryConfig
-
-    return SchemaRegistryClient(
-        RegistryConfig(settings.schema_registry_url, settings.registry_basic_auth).client_conf()
-    )
+    return SchemaRegistryClient(settings.registry_config().client_conf())
 
 
 def print_subjects(outcomes: list[Any]) -> None:
@@ -209,4 +205,28 @@ def check(
         markup=False,
     )
     if bad:
+        raise typer.Exit(1)
+
+
+@schemas_app.command("enums")
+def enums_cmd(
+    files: Annotated[
+        list[Path] | None,
+        typer.Argument(help="The .avsc files [default: every file in schemas/]."),
+    ] = None,
+    check_only: Annotated[
+        bool, typer.Option("--check", help="Only report the files that differ (exit 1).")
+    ] = False,
+) -> None:
+    """Rewrite the enum definitions in the schema files from their one source, the enums of
+    streams/models/enums.py (symbols in order, docstring as doc, default UNRECOGNIZED), so
+    that an enum used by several records cannot drift between them."""
+    from streams.schema_enums import sync
+
+    paths = files or sorted(SCHEMA_DIR.glob("*.avsc"))
+    differ = [p for p in paths if sync(p, write=not check_only)]
+    for p in differ:
+        out.print(f"{p}: {'differs' if check_only else 'rewritten'}", markup=False)
+    out.print(f"{len(paths)} schema file(s), {len(differ)} with enums not as their source")
+    if differ and check_only:
         raise typer.Exit(1)

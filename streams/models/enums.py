@@ -2,6 +2,10 @@
 
 Every Avro enum carries a default symbol ``UNRECOGNIZED`` so that the vocabulary can grow
 without breaking older readers; the Python enums mirror that symbol too.
+
+These classes are the one source of the enums in ``schemas/``: each ``.avsc`` that uses one
+holds a copy generated from the class (its symbols in order, its docstring as the doc), which
+``vigil schemas enums`` rewrites after a change here (``streams.schema_enums``).
 """
 
 from __future__ import annotations
@@ -10,6 +14,10 @@ from enum import StrEnum
 
 
 class ExecutionStatus(StrEnum):
+    """Where the agent's own work stands (domain.md section 1). UNRECOGNIZED is what an older
+    reader sees for a symbol added later.
+    """
+
     CREATED = "CREATED"
     VALIDATING = "VALIDATING"
     RESOLVING_CONTEXT = "RESOLVING_CONTEXT"
@@ -26,6 +34,10 @@ class ExecutionStatus(StrEnum):
 
 
 class OperationEventKind(StrEnum):
+    """What a producer observed about one attempt of an operation. UNKNOWN is never an input: only
+    vigil derives it.
+    """
+
     PREPARED = "PREPARED"
     SENT = "SENT"
     ACKNOWLEDGED = "ACKNOWLEDGED"
@@ -38,6 +50,10 @@ class OperationEventKind(StrEnum):
 
 
 class EvidenceSource(StrEnum):
+    """Who reported the fact: the agent runtime, the connector (transport), the reconciler (a read
+    of the source of truth) or a human reviewer.
+    """
+
     RUNTIME = "RUNTIME"
     CONNECTOR = "CONNECTOR"
     RECONCILER = "RECONCILER"
@@ -46,18 +62,26 @@ class EvidenceSource(StrEnum):
 
 
 class Risk(StrEnum):
+    """Risk class of the action from its policy; HIGH needs the approver's acknowledgement for a
+    verified route.
+    """
+
     LOW = "LOW"
     HIGH = "HIGH"
     UNRECOGNIZED = "UNRECOGNIZED"
 
 
 class DeliveryOutcome(StrEnum):
+    """Transport outcome of delivering the approval request to its route."""
+
     DELIVERED = "DELIVERED"
     FAILED = "FAILED"
     UNRECOGNIZED = "UNRECOGNIZED"
 
 
 class DecisionCode(StrEnum):
+    """Decision vocabulary of the MCP elicitation specification. A timeout is never a decline."""
+
     ACCEPT = "ACCEPT"
     DECLINE = "DECLINE"
     CANCEL = "CANCEL"
@@ -65,6 +89,8 @@ class DecisionCode(StrEnum):
 
 
 class OperationStatus(StrEnum):
+    """Did an effect happen in the outside world (domain.md section 2)."""
+
     PREPARED = "PREPARED"
     SENT = "SENT"
     ACKNOWLEDGED = "ACKNOWLEDGED"
@@ -78,6 +104,11 @@ class OperationStatus(StrEnum):
 
 
 class RetryVerdict(StrEnum):
+    """May the agent retry the operation, from domain.md's table: PREPARED=NOTHING_SENT,
+    SENT/ACKNOWLEDGED/RECONCILING=WAIT, VERIFIED=NOT_NEEDED, UNKNOWN=FORBIDDEN,
+    FAILED/CANCELLED=SAFE, MANUAL_REVIEW=OWNER_DECIDES.
+    """
+
     NOTHING_SENT = "NOTHING_SENT"
     WAIT = "WAIT"
     NOT_NEEDED = "NOT_NEEDED"
@@ -88,12 +119,18 @@ class RetryVerdict(StrEnum):
 
 
 class WorkItemKind(StrEnum):
+    """Why reconciliation is needed: SENT with no reply by its deadline, or ACKNOWLEDGED with no
+    verification by its deadline.
+    """
+
     REPLY_TIMEOUT = "REPLY_TIMEOUT"
     VERIFICATION_TIMEOUT = "VERIFICATION_TIMEOUT"
     UNRECOGNIZED = "UNRECOGNIZED"
 
 
 class ApprovalVerdictCode(StrEnum):
+    """Verdict on an approval wait (domain.md section 3)."""
+
     WAITING = "WAITING"
     STALE_REQUEST = "STALE_REQUEST"
     UNROUTABLE_WAIT = "UNROUTABLE_WAIT"
@@ -108,6 +145,8 @@ class ApprovalVerdictCode(StrEnum):
 
 
 class Proof(StrEnum):
+    """The four proofs of a valid approval wait."""
+
     CURRENT_ACTION = "CURRENT_ACTION"
     VERIFIED_ROUTE = "VERIFIED_ROUTE"
     LIVE_RESUME = "LIVE_RESUME"
@@ -116,12 +155,16 @@ class Proof(StrEnum):
 
 
 class ProofState(StrEnum):
+    """FAILED: the proof is refuted. UNKNOWN: neither confirmed nor refuted yet."""
+
     FAILED = "FAILED"
     UNKNOWN = "UNKNOWN"
     UNRECOGNIZED = "UNRECOGNIZED"
 
 
 class Owner(StrEnum):
+    """Who owns the next step."""
+
     APPROVER = "APPROVER"
     REQUESTER = "REQUESTER"
     POLICY_OWNER = "POLICY_OWNER"
@@ -132,6 +175,8 @@ class Owner(StrEnum):
 
 
 class AlertKind(StrEnum):
+    """What kind of actionable transition the alert reports."""
+
     APPROVAL_VERDICT = "APPROVAL_VERDICT"
     OPERATION_UNKNOWN = "OPERATION_UNKNOWN"
     VERIFICATION_OVERDUE = "VERIFICATION_OVERDUE"
@@ -141,12 +186,16 @@ class AlertKind(StrEnum):
 
 
 class AlertStatus(StrEnum):
+    """FIRING opens an alert; RESOLVED closes the alert named by resolves_alert_id."""
+
     FIRING = "FIRING"
     RESOLVED = "RESOLVED"
     UNRECOGNIZED = "UNRECOGNIZED"
 
 
 class Severity(StrEnum):
+    """How urgently a human should look."""
+
     CRITICAL = "CRITICAL"
     WARNING = "WARNING"
     INFO = "INFO"
@@ -154,6 +203,8 @@ class Severity(StrEnum):
 
 
 class AnomalyKind(StrEnum):
+    """Why an event was reported instead of applied."""
+
     ILLEGAL_TRANSITION = "ILLEGAL_TRANSITION"
     DUPLICATE = "DUPLICATE"
     OUT_OF_ORDER = "OUT_OF_ORDER"
