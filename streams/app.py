@@ -3,32 +3,14 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import faust
 
-from streams.codec import AvroCodec, RegistryConfig
+from streams.codec import AvroCodec
+from streams.security import broker_credentials
 from streams.settings import Settings
 
 log = logging.getLogger("vigil")
-
-
-def _broker_credentials(settings: Settings) -> Any:
-    if settings.sasl_mechanism and settings.sasl_username:
-        import ssl
-
-        ctx = ssl.create_default_context() if "SSL" in settings.security_protocol else None
-        return faust.SASLCredentials(
-            username=settings.sasl_username,
-            password=settings.sasl_password or "",
-            mechanism=settings.sasl_mechanism,
-            ssl_context=ctx,
-        )
-    if settings.security_protocol == "SSL":
-        import ssl
-
-        return faust.SSLCredentials(ssl.create_default_context())
-    return None
 
 
 def create_app(settings: Settings, codec: AvroCodec | None = None) -> faust.App:
@@ -41,7 +23,7 @@ def create_app(settings: Settings, codec: AvroCodec | None = None) -> faust.App:
     app = faust.App(
         settings.app_id,
         broker=f"kafka://{settings.bootstrap_servers}",
-        broker_credentials=_broker_credentials(settings),
+        broker_credentials=broker_credentials(settings),
         store=settings.store,
         datadir=settings.data_dir,
         topic_partitions=settings.partitions,
@@ -73,7 +55,7 @@ def create_app(settings: Settings, codec: AvroCodec | None = None) -> faust.App:
     from agents.pipeline import register
 
     codec = codec or AvroCodec.connect(
-        RegistryConfig(settings.schema_registry_url, settings.registry_basic_auth),
+        settings.registry_config(),
         auto_register=settings.auto_register,
     )
     register(app, settings, codec)

@@ -155,10 +155,10 @@ def _settings(bootstrap: str | None = None, registry: str | None = None, **kw: A
 
 
 def _codec(settings: Settings):  # type: ignore[no-untyped-def]
-    from streams.codec import AvroCodec, RegistryConfig
+    from streams.codec import AvroCodec
 
     return AvroCodec.connect(
-        RegistryConfig(settings.schema_registry_url, settings.registry_basic_auth),
+        settings.registry_config(),
         auto_register=settings.auto_register,
     )
 

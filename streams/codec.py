@@ -97,6 +97,9 @@ class RegistryConfig:
     #: the client's own retries, for a blip (100 ms, then up to 500 ms apart); an outage is
     #: waited out by the caller (the worker backs off and reads the records again)
     max_retries: int = 1
+    #: TLS of an https registry in confluent's keys (``ssl.ca.location``,
+    #: ``ssl.certificate.location``, ``ssl.key.location``): ``Settings.registry_tls``
+    tls: tuple[tuple[str, str], ...] = ()
 
     def client_conf(self) -> dict[str, Any]:
         conf: dict[str, Any] = {
@@ -108,6 +111,7 @@ class RegistryConfig:
         }
         if self.basic_auth:
             conf["basic.auth.user.info"] = self.basic_auth
+        conf.update(self.tls)
         return conf
 
 

@@ -366,7 +366,6 @@ def _child(
 ) -> None:
     """One share of a replay, in a child process: its own codec, consumer and producer."""
     from streams.app import tune_gc
-    from streams.codec import RegistryConfig
 
     tune_gc()
 
@@ -380,7 +379,7 @@ def _child(
 
     try:
         codec = AvroCodec.connect(
-            RegistryConfig(settings.schema_registry_url, settings.registry_basic_auth),
+            settings.registry_config(),
             auto_register=settings.auto_register,
         )
         summary = replay_partitions(

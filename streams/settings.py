@@ -23,6 +23,7 @@ from streams.core.bounds import duration_problem
 from streams.durations import parse_duration
 
 if TYPE_CHECKING:
+    from streams.codec import RegistryConfig
     from streams.policies import Policies
 
 DEV_BOOTSTRAP = "127.0.0.1:19092"
@@ -506,6 +507,16 @@ class Settings:
             if value:
                 conf[key] = value
         return conf
+
+    def registry_config(self) -> RegistryConfig:
+        """The schema-registry client's settings: URL, credentials and TLS."""
+        from streams.codec import RegistryConfig
+
+        return RegistryConfig(
+            self.schema_registry_url,
+            self.registry_basic_auth,
+            tls=tuple(self.registry_tls().items()),
+        )
 
     def registry_tls(self) -> dict[str, str]:
         """The TLS settings of the schema-registry client, in confluent's keys."""

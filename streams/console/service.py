@@ -510,12 +510,12 @@ async def serve(settings: Settings, console: ConsoleSettings, codec: AvroCodec) 
 
 def run(settings: Settings, console: ConsoleSettings | None = None) -> None:
     """The ``vigil console`` process."""
-    from streams.codec import AvroCodec, RegistryConfig
+    from streams.codec import AvroCodec
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     console = console or ConsoleSettings.from_env(settings)
     codec = AvroCodec.connect(
-        RegistryConfig(settings.schema_registry_url, settings.registry_basic_auth),
+        settings.registry_config(),
         auto_register=False,
     )
     asyncio.run(serve(settings, console, codec))
