@@ -265,6 +265,12 @@ def test_any_alert_maps_to_a_valid_postable_alert_and_ends_with_the_same_labels(
     now = starts + delay
     post = book.apply(alert, 0, now)
     assert isinstance(post, dict) and post["labels"] == labels
+    # never ahead of the bridge's clock (payload times are in milliseconds)
+    assert (
+        timedelta(0)
+        <= min(alert.occurred_at, now) - parse(post["startsAt"])
+        < timedelta(milliseconds=1)
+    )
     assert parse(post["startsAt"]) <= parse(post["endsAt"])  # Alertmanager refuses otherwise
     assert all(len(v) <= MAX_ANNOTATION_CHARS for v in post["annotations"].values())
     assert book.apply(alert, 0, now) == post  # a redelivery posts the very same alert

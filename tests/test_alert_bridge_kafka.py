@@ -320,3 +320,51 @@ def test_nothing_is_lost_while_alertmanager_is_down(
         log = stop_bridge(bridge)
     assert "unavailable" in log and "Alertmanager back after" in log, log
     assert "Traceback" not in log, log
+
+
+def resolution_of(alert: Alert, alert_id: str) -> Alert:
+    return Alert(
+        **{
+            **alert.model_dump(),
+            "alert_id": alert_id,
+            "status": AlertStatus.RESOLVED,
+            "severity": Severity.INFO,
+            "verdict": "RESUMED",
+            "next_step": "resolved: ORPHANED_WAIT → RESUMED",
+            "occurred_at": datetime.now(UTC),
+            "resolves_alert_id": alert.alert_id,
+        }
+    )
+
+
+def test_a_restarted_bridge_ends_alerts_fired_before_it_started(
+    dep: Deployment, am: Alertmanager
+) -> None:
+    alert = firing("alert-old", "req-old")
+    first = start_bridge(dep, am)
+    try:
+        publish(dep, alert)
+        wait_for("the alert in Alertmanager", lambda: am.alert(alert.alert_id), 45)
+        wait_for("its offset committed", lambda: committed(dep) == 1)
+    finally:
+        stop_bridge(first)
+    # an alert in Alertmanager the bridge never fired (posted by an earlier deployment)
+    stranger = firing("alert-stranger", "req-stranger", severity=Severity.WARNING)
+    httpx.post(
+        f"{am.url}/api/v2/alerts",
+        json=[{"labels": {"alert_id": stranger.alert_id, "alertname": "Elsewhere"}}],
+        timeout=5,
+    ).raise_for_status()
+    second = start_bridge(dep, am)
+    try:
+        # the RESOLVED record carries severity INFO and verdict RESUMED: only the labels
+        # rebuilt from the topic end the alert that fired as critical ORPHANED_WAIT
+        publish(dep, resolution_of(alert, "alert-old-resolved"))
+        publish(dep, resolution_of(stranger, "alert-stranger-resolved"))
+        wait_for("the old alert ended", lambda: am.alert(alert.alert_id) is None, 45)
+        wait_for("the stranger ended", lambda: am.alert(stranger.alert_id) is None, 20)
+        wait_for("every offset committed", lambda: committed(dep) == 3)
+    finally:
+        log = stop_bridge(second)
+    assert "rebuilt 1 firing alerts from 1 records" in log, log
+    assert "Traceback" not in log, log

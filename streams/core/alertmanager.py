@@ -108,8 +108,9 @@ def _iso(t: datetime) -> str:
 
 
 def firing(alert: Alert, *, console_url: str, seen_at: datetime, event_ttl: timedelta) -> Firing:
-    """The Alertmanager form of a FIRING alert. ``seen_at`` is when the bridge first saw it
-    (a point-in-time alert stays active ``event_ttl`` past the later of that and its time)."""
+    """The Alertmanager form of a FIRING alert. ``seen_at`` is when the bridge first saw it:
+    the alert starts at its event time, or then if that is ahead; a point-in-time alert stays
+    active ``event_ttl`` past the later of the two."""
     link = console_link(console_url, alert.execution_id)
     what = alert.verdict or str(alert.kind)
     annotations = {
@@ -127,7 +128,8 @@ def firing(alert: Alert, *, console_url: str, seen_at: datetime, event_ttl: time
         alert_id=alert.alert_id,
         labels=tuple(alert_labels(alert).items()),
         annotations=tuple((k, v) for k, v in annotations.items() if v),
-        starts_at=alert.occurred_at,
+        # an event time ahead of the bridge's clock would start (and so end) the alert later
+        starts_at=min(alert.occurred_at, seen_at),
         generator_url=link,
         expires_at=expires,
     )
