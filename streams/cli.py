@@ -188,6 +188,9 @@ def _mount_optional() -> None:
     from streams.cli_schemas import schemas_app
 
     app.add_typer(schemas_app, name="schemas")
+    from streams.cli_asyncapi import asyncapi
+
+    app.command("asyncapi")(asyncapi)
 
 
 @app.command("config")
