@@ -272,7 +272,7 @@ def test_compose_vigil_environment(services: dict[str, dict[str, Any]]) -> None:
         assert env["VIGIL_STORE"] == "memory://"
         assert env["VIGIL_REPLICATION_FACTOR"] == "1"
         assert env["VIGIL_PARTITIONS"] == "6"
-        assert env["VIGIL_RETENTION_MS"] == "-1"
+        assert env["VIGIL_RETENTION"] == env["VIGIL_RETENTION_MS"] == ""  # forever
         assert env["KAFKA_SECURITY_PROTOCOL"] == "PLAINTEXT"
         for secret in ("KAFKA_SASL_PASSWORD", "SCHEMA_REGISTRY_BASIC_AUTH", "VIGIL_API_TOKEN"):
             assert env[secret] == "", (name, secret)  # empty = unset for Settings

@@ -209,3 +209,9 @@ def test_console_settings_name_their_variables(monkeypatch: pytest.MonkeyPatch) 
     assert console.db == str(Path("d") / "console.sqlite3")
     monkeypatch.setenv("VIGIL_CONSOLE_ALERTS_SINCE", "all")
     assert ConsoleSettings.from_env(Settings()).alerts_since is None
+
+
+def test_every_variable_is_documented_in_the_readme() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    missing = [v for v in ALL if f"`{v}`" not in readme]
+    assert not missing, missing
