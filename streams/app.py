@@ -17,8 +17,8 @@ def create_app(settings: Settings, codec: AvroCodec | None = None) -> faust.App:
     """A Faust app with vigil's agent registered.
 
     at-least-once (Faust flushes the producer before committing offsets) with deterministic
-    output ids; Faust's ``exactly_once`` has open bugs (see design.md). One agent, concurrency
-    1: with more, Faust may commit past a record still being processed.
+    output ids; Faust's ``exactly_once`` has open bugs (topology.md, Delivery guarantee). One
+    agent, concurrency 1: with more, Faust may commit past a record still being processed.
     """
     app = faust.App(
         settings.app_id,

@@ -14,7 +14,7 @@ from enum import StrEnum
 
 
 class ExecutionStatus(StrEnum):
-    """Where the agent's own work stands (domain.md section 1). UNRECOGNIZED is what an older
+    """Where the agent's own work stands. UNRECOGNIZED is what an older
     reader sees for a symbol added later.
     """
 
@@ -89,7 +89,7 @@ class DecisionCode(StrEnum):
 
 
 class OperationStatus(StrEnum):
-    """Did an effect happen in the outside world (domain.md section 2)."""
+    """Did an effect happen in the outside world."""
 
     PREPARED = "PREPARED"
     SENT = "SENT"
@@ -104,7 +104,7 @@ class OperationStatus(StrEnum):
 
 
 class RetryVerdict(StrEnum):
-    """May the agent retry the operation, from domain.md's table: PREPARED=NOTHING_SENT,
+    """May the agent retry the operation, by the operation's status: PREPARED=NOTHING_SENT,
     SENT/ACKNOWLEDGED/RECONCILING=WAIT, VERIFIED=NOT_NEEDED, UNKNOWN=FORBIDDEN,
     FAILED/CANCELLED=SAFE, MANUAL_REVIEW=OWNER_DECIDES.
     """
@@ -129,7 +129,7 @@ class WorkItemKind(StrEnum):
 
 
 class ApprovalVerdictCode(StrEnum):
-    """Verdict on an approval wait (domain.md section 3)."""
+    """Verdict on an approval wait."""
 
     WAITING = "WAITING"
     STALE_REQUEST = "STALE_REQUEST"
