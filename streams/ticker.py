@@ -15,7 +15,6 @@ container's health check.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -23,14 +22,14 @@ import socket
 import threading
 import time
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http.server import ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from streams.clients import RecordProducer
 from streams.codec import AvroCodec
 from streams.settings import Settings
+from streams.status_http import listen_address, serve
 from streams.topics import Topics
 
 log = logging.getLogger("vigil.ticker")
@@ -44,10 +43,7 @@ STALE_ROUNDS = 5
 def health_address(host: str | None = None, port: int | None = None) -> tuple[str, int]:
     """Where the ticker serves /metrics and /healthz: the arguments, else VIGIL_TICKER_HOST
     and VIGIL_TICKER_PORT, else 127.0.0.1:6068. Port 0 turns the server off."""
-    host = host or os.environ.get("VIGIL_TICKER_HOST", "").strip() or DEFAULT_HOST
-    if port is None:
-        port = int(os.environ.get("VIGIL_TICKER_PORT", "").strip() or DEFAULT_PORT)
-    return host, port
+    return listen_address("VIGIL_TICKER_HOST", "VIGIL_TICKER_PORT", DEFAULT_PORT, host, port)
 
 
 class TickerStatus:
@@ -103,33 +99,7 @@ class TickerStatus:
 
 def serve_status(status: TickerStatus, host: str, port: int) -> ThreadingHTTPServer:
     """/metrics and /healthz on a daemon thread (never in the way of the tick loop)."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                self._answer(200, generate_latest(status.registry), "text/plain; version=0.0.4")
-            elif path == "/healthz":
-                ok, detail = status.healthy()
-                body = json.dumps({"status": "OK" if ok else "STALE", "detail": detail})
-                self._answer(200 if ok else 503, body.encode(), "application/json")
-            else:
-                self._answer(404, b"not found\n", "text/plain")
-
-        def _answer(self, code: int, body: bytes, content_type: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="ticker-http", daemon=True).start()
-    return server
+    return serve(status.registry, status.healthy, host, port, thread_name="ticker-http")
 
 
 def _ticker_id() -> str:
