@@ -126,6 +126,19 @@ def _catalogue_topic(settings: Settings, name: str):  # type: ignore[no-untyped-
     raise UnknownTopic(name, [t.name for t in specs], "not in vigil's catalogue")
 
 
+def _require_cluster(settings: Settings, *, inputs: bool = False) -> None:
+    """One metadata request before any work: an unreachable broker, or (``inputs``) an input
+    topic not created, is said in one line at once, where the Kafka client would retry and
+    log for its whole timeout."""
+    from streams.cli_consume import cluster_topics, require_topics
+    from streams.topics import Topics
+
+    existing = cluster_topics(settings, timeout=CONNECT_TIMEOUT, debug=_debug())
+    if inputs:
+        names = [t.name for t in Topics.from_settings(settings).inputs()]
+        require_topics(settings, names, existing)
+
+
 topics_app = typer.Typer(help="Create and inspect the topic catalogue.", no_args_is_help=True)
 app.add_typer(topics_app, name="topics")
 
@@ -224,6 +237,7 @@ def topics_create(
     from streams.cli_schemas import print_subjects
 
     s = _settings(bootstrap, registry, output_suffix=output_suffix or None, partitions=partitions)
+    _require_cluster(s)
     outcomes = create_topics(s)
     subjects = prepare_registry(s, _codec(s))
     t = Table("topic", "outcome")
@@ -558,6 +572,7 @@ def ticker(
     from streams.ticker import health_address, run_ticker
 
     s = _settings(bootstrap, registry, tick_interval=_duration_option("--interval", interval))
+    _require_cluster(s, inputs=True)
     run_ticker(s, _codec(s), count=count, health=health_address(health_host, health_port))
 
 
@@ -584,6 +599,7 @@ def tick(
 
     when = _parse_time(at)
     s = _settings(bootstrap, registry)
+    _require_cluster(s, inputs=True)
     written = tick_once(s, _codec(s), when)
     console.print(f"wrote {written} ticks at {when.isoformat()}")
 
@@ -653,6 +669,7 @@ def replay(
         raise typer.BadParameter("times need a timezone, e.g. 2026-07-26T16:00:00Z")
     from streams.app import tune_gc
 
+    _require_cluster(s, inputs=True)
     tune_gc()
     summary = run_replay(
         s,

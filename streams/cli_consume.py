@@ -149,7 +149,11 @@ def require_topics(settings: Settings, names: Sequence[str], existing: dict[str,
             prefix = f"{settings.topic_prefix}."
             ours = sorted(t for t in existing if t.startswith(prefix))
             shown = ours[:30] + ([f"… {len(ours) - 30} more"] if len(ours) > 30 else [])
-            raise UnknownTopic(name, shown, f"on the cluster at {settings.bootstrap_servers}")
+            where = (
+                f"not on the cluster at {settings.bootstrap_servers}; "
+                "`vigil topics create` creates vigil's"
+            )
+            raise UnknownTopic(name, shown, where)
 
 
 def read(

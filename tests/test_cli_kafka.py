@@ -34,11 +34,11 @@ def _env(dep: Deployment) -> dict[str, str]:
     }
 
 
-def vigil(dep: Deployment, *args: str) -> Any:
+def vigil(dep: Deployment, *args: str, **env: str) -> Any:
     from streams.cli import _mount_optional, app
 
     _mount_optional()
-    return CliRunner(env={"COLUMNS": "200", **_env(dep)}).invoke(app, list(args))
+    return CliRunner(env={"COLUMNS": "200", **_env(dep), **env}).invoke(app, list(args))
 
 
 def lines(res: Any) -> list[dict[str, Any]]:
@@ -172,6 +172,11 @@ def test_unknown_topics_and_unreachable_services_are_one_line(cluster, tmp_path:
     res = vigil(dep, "consume", f"{prefix}.nope")
     assert res.exit_code == ExitCode.TOPIC, res.output
     assert f"unknown topic {prefix}.nope" in res.output and f"{prefix}.alerts" in res.output
+
+    # a deployment whose topics were never created: tick says so before writing anything
+    res = vigil(dep, "tick", "2026-07-26T16:00:00Z", VIGIL_TOPIC_PREFIX=f"{prefix}x")
+    assert res.exit_code == ExitCode.TOPIC, res.output
+    assert "`vigil topics create` creates" in res.output
 
     sample = SAMPLES / "execution-status.jsonl"
     topic = dep.topics.execution_status.name
