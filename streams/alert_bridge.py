@@ -17,6 +17,9 @@ firing for ever. On a partition assignment the set is rebuilt by reading the par
 its beginning up to the group's committed offset (posting nothing); it is what lets a new or
 restarted bridge refresh alerts fired long ago, and end them with the labels they were fired
 with when their RESOLVED record comes.
+
+It serves its own ``/metrics`` and ``/healthz`` (``BridgeStatus``) on
+``VIGIL_ALERT_BRIDGE_HOST`` / ``VIGIL_ALERT_BRIDGE_PORT`` (127.0.0.1:6069; port 0: no server).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 
 import httpx
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from streams.codec import AvroCodec, DecodeError, RegistryUnavailable
 from streams.core.alertmanager import (
@@ -46,6 +50,7 @@ from streams.durations import parse_duration
 from streams.models.enums import AlertStatus
 from streams.models.outputs import Alert
 from streams.settings import Settings, SettingsError, _env
+from streams.status_http import listen_address, serve
 from streams.topics import Topics
 
 log = logging.getLogger("vigil.alert_bridge")
@@ -55,6 +60,120 @@ POST_CHUNK = 500
 #: resolved alert ids remembered per partition, to ignore a FIRING record published again
 #: after its RESOLVED one (a worker may publish the same record twice after a restart)
 ENDED_MEMORY = 100_000
+#: where /metrics and /healthz are served when VIGIL_ALERT_BRIDGE_PORT is not set
+DEFAULT_STATUS_PORT = 6069
+#: seconds of failed posts (no answer, or an answer other than 2xx) and no accepted one after
+#: which /healthz answers 503: past Alertmanager restarts, short of the alerts' validity
+FAILING_AFTER = 120.0
+
+
+def status_address(host: str | None = None, port: int | None = None) -> tuple[str, int]:
+    """Where the bridge serves /metrics and /healthz: the arguments, else
+    VIGIL_ALERT_BRIDGE_HOST and VIGIL_ALERT_BRIDGE_PORT, else 127.0.0.1:6069 (port 0: none)."""
+    return listen_address(
+        "VIGIL_ALERT_BRIDGE_HOST", "VIGIL_ALERT_BRIDGE_PORT", DEFAULT_STATUS_PORT, host, port
+    )
+
+
+def status_class(code: int | None) -> str:
+    """A post's outcome as a label: ``2xx``, ``4xx``, ``5xx`` (any other code by its first
+    digit) or ``unreachable`` (no HTTP answer)."""
+    return "unreachable" if code is None else f"{code // 100}xx"
+
+
+class BridgeStatus:
+    """The bridge's metrics and health, written by its loop and read by the HTTP thread.
+
+    Healthy while the consumer holds an assignment (an empty one too: a replica with no
+    partition is a standby, not a fault) and Alertmanager has not failed every post for
+    ``failing_after`` seconds. Nothing to post is no evidence either way: an idle bridge in
+    front of a stopped Alertmanager stays healthy until it has something to say."""
+
+    def __init__(self, failing_after: float = FAILING_AFTER) -> None:
+        from streams.metrics import register_process_collectors
+
+        self.failing_after = failing_after
+        self.registry = CollectorRegistry()
+        register_process_collectors(self.registry)
+        self.alerts_read = Counter(
+            "vigil_alert_bridge_alerts_read",
+            "Records read from the alerts topic (rebuilds after an assignment not included)",
+            registry=self.registry,
+        )
+        self.posts_accepted = Counter(
+            "vigil_alert_bridge_posts_accepted",
+            "Posts to Alertmanager's /api/v2/alerts it answered with 2xx",
+            registry=self.registry,
+        )
+        self.posts_failed = Counter(
+            "vigil_alert_bridge_posts_failed",
+            "Posts to Alertmanager not accepted, by status class (4xx, 5xx, unreachable): "
+            "retried, except a 400 (logged and skipped)",
+            ["status"],
+            registry=self.registry,
+        )
+        self.retries = Counter(
+            "vigil_alert_bridge_retries",
+            "Posts of a batch tried again after Alertmanager did not accept them",
+            registry=self.registry,
+        )
+        self.commits = Counter(
+            "vigil_alert_bridge_commits",
+            "Offset commits of the alerts topic after Alertmanager accepted their batch",
+            registry=self.registry,
+        )
+        self.commit_failures = Counter(
+            "vigil_alert_bridge_commit_failures",
+            "Commits that failed (a rebalance: the batch is posted again, harmlessly)",
+            registry=self.registry,
+        )
+        self.firing = Gauge(
+            "vigil_alert_bridge_alerts_firing",
+            "Alerts fired and not resolved that the bridge holds and posts again every refresh",
+            registry=self.registry,
+        )
+        self.last_accepted = Gauge(
+            "vigil_alert_bridge_last_accepted_timestamp_seconds",
+            "Unix time of the last post Alertmanager accepted (0 before the first)",
+            registry=self.registry,
+        )
+        self.assigned = Gauge(
+            "vigil_alert_bridge_partitions_assigned",
+            "Partitions of the alerts topic assigned to this bridge",
+            registry=self.registry,
+        )
+        self.joined = False
+        self.failing_since: float | None = (
+            None  # monotonic, first post failed since the last accepted
+        )
+
+    def answered(self, code: int | None, now: float | None = None) -> None:
+        """One request to post alerts came back with ``code`` (None: no answer)."""
+        now = time.monotonic() if now is None else now
+        if code is not None and 200 <= code < 300:
+            self.posts_accepted.inc()
+            self.last_accepted.set(time.time())
+            self.failing_since = None
+        else:
+            self.posts_failed.labels(status_class(code)).inc()
+            if self.failing_since is None:
+                self.failing_since = now
+
+    def assignment(self, partitions: int | None) -> None:
+        """The consumer's partitions after a rebalance (None: revoked, not yet reassigned)."""
+        self.joined = partitions is not None
+        self.assigned.set(partitions or 0)
+
+    def healthy(self, now: float | None = None) -> tuple[bool, str]:
+        now = time.monotonic() if now is None else now
+        if not self.joined:
+            return False, "the consumer holds no assignment of the alerts topic"
+        if self.failing_since is not None:
+            failing = now - self.failing_since
+            if failing > self.failing_after:
+                return False, f"Alertmanager has accepted no post for {failing:.0f} s"
+            return True, f"posts failing for {failing:.0f} s"
+        return True, "Alertmanager accepts the posts"
 
 
 @dataclass(frozen=True)
@@ -179,16 +298,24 @@ class AlertmanagerRefused(Exception):
 class Alertmanager:
     """The two calls of Alertmanager's v2 API the bridge needs."""
 
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 10.0,
+        answered: Callable[[int | None], None] = lambda code: None,
+    ) -> None:
         self.base = url.rstrip("/")
         self.http = httpx.Client(timeout=timeout)
+        self.answered = answered  # told each post's status code (None: no answer)
 
     def post(self, alerts: list[dict[str, Any]]) -> None:
         for i in range(0, len(alerts), POST_CHUNK):
             try:
                 r = self.http.post(f"{self.base}/api/v2/alerts", json=alerts[i : i + POST_CHUNK])
             except httpx.HTTPError as exc:
+                self.answered(None)
                 raise AlertmanagerDown(f"{type(exc).__name__}: {exc}") from exc
+            self.answered(r.status_code)
             if r.status_code == 400:
                 raise AlertmanagerRefused(r.text[:500])
             if not 200 <= r.status_code < 300:
@@ -232,6 +359,7 @@ class AlertBridge:
         codec: AvroCodec,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        status: BridgeStatus | None = None,
     ) -> None:
         self.settings = settings
         self.bridge = bridge
@@ -240,7 +368,9 @@ class AlertBridge:
         self.topic = Topics.from_settings(settings).alerts.name
         self.group_id = f"{settings.app_id}-alert-bridge"
         self.book = AlertBook(bridge)
-        self.am = Alertmanager(bridge.alertmanager_url, bridge.timeout)
+        self.status = status or BridgeStatus()
+        self.status.firing.set_function(lambda: len(self.book.active))
+        self.am = Alertmanager(bridge.alertmanager_url, bridge.timeout, self.status.answered)
         self.stop = threading.Event()
         self._refresh_at = 0.0
         self.consumer = Consumer(
@@ -274,6 +404,7 @@ class AlertBridge:
     # ------------------------------------------------------------------ rebuild
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.status.assignment(len(partitions))
         committed = consumer.committed(partitions, timeout=30)
         upto = {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
         started = time.monotonic()
@@ -289,6 +420,7 @@ class AlertBridge:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.book.drop(tp.partition for tp in partitions)
+        self.status.assignment(None)
 
     def _rebuild(self, upto: dict[int, int]) -> int:
         """Read each partition from its beginning to the committed offset into the book."""
@@ -344,7 +476,9 @@ class AlertBridge:
                         failures,
                         delay,
                     )
-                self.stop.wait(delay)
+                if self.stop.wait(delay):
+                    break
+                self.status.retries.inc()
                 delay = min(delay * 2, self.bridge.retry_max.total_seconds())
                 continue
             if failures:
@@ -392,6 +526,7 @@ class AlertBridge:
                     log.warning("consumer: %s", msg.error())
                 continue
             last[msg.partition()] = msg.offset()
+            self.status.alerts_read.inc()
             alert = self._decode(msg)
             if alert is None:
                 continue
@@ -411,7 +546,9 @@ class AlertBridge:
             offsets = [TopicPartition(self.topic, p, o + 1) for p, o in last.items()]
             try:
                 self.consumer.commit(offsets=offsets, asynchronous=False)
+                self.status.commits.inc()
             except KafkaException as exc:  # a rebalance: the records come again, harmlessly
+                self.status.commit_failures.inc()
                 log.warning("commit failed (%s); the batch will be posted again", exc)
         if time.monotonic() >= self._refresh_at:
             self._refresh()
@@ -433,13 +570,39 @@ class AlertBridge:
             self.am.close()
 
 
-def run_alert_bridge(settings: Settings, bridge: BridgeSettings, codec: AvroCodec) -> None:
-    """Run until SIGTERM or SIGINT."""
+def run_alert_bridge(
+    settings: Settings,
+    bridge: BridgeSettings,
+    codec: AvroCodec,
+    status_at: tuple[str, int] | None = None,
+) -> None:
+    """Run until SIGTERM or SIGINT. ``status_at``: where to serve /metrics and /healthz
+    (None: ``status_address()``; port 0: nowhere)."""
     b = AlertBridge(settings, bridge, codec)
+    host, port = status_at or status_address()
+    server = None
+    if port:
+        try:
+            server = serve(
+                b.status.registry,
+                b.status.healthy,
+                host,
+                port,
+                unhealthy_word="FAILING",
+                thread_name="alert-bridge-http",
+            )
+            log.info("alert-bridge metrics and health on http://%s:%s", host, port)
+        except OSError as exc:  # the alerts matter more than the bridge's metrics: run anyway
+            log.error("cannot serve the bridge's metrics and health on %s:%s: %s", host, port, exc)
 
     def _stop(*_: object) -> None:
         b.stop.set()
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    b.run()
+    try:
+        b.run()
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()

@@ -66,6 +66,18 @@ def alert_bridge(
             "(env VIGIL_ALERT_BRIDGE_RETRY_MAX, 30s)."
         ),
     ] = None,
+    health_host: Annotated[
+        str | None,
+        typer.Option(
+            help="Bind address of /metrics and /healthz (env VIGIL_ALERT_BRIDGE_HOST, 127.0.0.1)."
+        ),
+    ] = None,
+    health_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Port of /metrics and /healthz (env VIGIL_ALERT_BRIDGE_PORT, 6069; 0: none)."
+        ),
+    ] = None,
     bootstrap: BootstrapOpt = None,
     registry: RegistryOpt = None,
 ) -> None:
@@ -78,9 +90,11 @@ def alert_bridge(
     <app_id>-alert-bridge are committed only after Alertmanager accepted the post; while it is
     down the post is retried (nothing is lost; a repeated post is harmless). Firing alerts are
     posted again every --refresh with endsAt --validity ahead, so Alertmanager keeps them
-    (and gets them back after a restart) while the bridge runs.
+    (and gets them back after a restart) while the bridge runs. Serves its metrics and a
+    health check (503 when the consumer holds no assignment, or Alertmanager has accepted no
+    post for 2 minutes while posts failed).
     """
-    from streams.alert_bridge import BridgeSettings, run_alert_bridge
+    from streams.alert_bridge import BridgeSettings, run_alert_bridge, status_address
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     s = _settings(bootstrap, registry)
@@ -92,4 +106,4 @@ def alert_bridge(
         event_ttl=_duration(event_ttl),
         retry_max=_duration(retry_max),
     )
-    run_alert_bridge(s, b, _codec(s))
+    run_alert_bridge(s, b, _codec(s), status_address(health_host, health_port))
