@@ -813,6 +813,9 @@ def demo(
 
 
 def main() -> None:
+    """The ``vigil`` entry point. Every command runs inside ``_ErrorBoundary``: what it raises
+    leaves as one line and an exit code (``streams.cli_errors``), never as a traceback unless
+    ``--debug``."""
     _mount_optional()
     app()
 

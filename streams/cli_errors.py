@@ -135,6 +135,15 @@ def explain(exc: BaseException) -> Explained:
             f"schema registry unavailable ({exc}); check SCHEMA_REGISTRY_URL or --registry",
             ExitCode.REGISTRY,
         )
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    if isinstance(exc, SchemaRegistryError):
+        hint = (
+            "; `vigil schemas register` registers vigil's schemas"
+            if exc.http_status_code == 404
+            else ""
+        )
+        return Explained(f"schema registry: {exc}{hint}", ExitCode.REGISTRY)
     from confluent_kafka import KafkaException
 
     if isinstance(exc, KafkaException):

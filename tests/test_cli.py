@@ -13,6 +13,7 @@ import httpx
 import pytest
 import typer
 from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -221,6 +222,11 @@ def _validation_error() -> ValidationError:
             "KAFKA_BOOTSTRAP_SERVERS",
         ),
         (RegistryUnavailable("registering X: timeout"), ExitCode.REGISTRY, "SCHEMA_REGISTRY_URL"),
+        (
+            SchemaRegistryError(404, 40401, "Subject not found"),
+            ExitCode.REGISTRY,
+            "vigil schemas register",
+        ),
         (
             httpx.ConnectError("refused", request=httpx.Request("GET", NOWHERE)),
             ExitCode.SERVICE,
