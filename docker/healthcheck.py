@@ -6,6 +6,8 @@ healthy on any HTTP answer below 500. The web
 server starts before partitions are assigned, so this is a liveness signal, not "caught up".
 ``vigil ticker`` serves ``/healthz`` on ``VIGIL_TICKER_PORT`` (6068): 503 once no round of
 ticks was delivered for a few intervals, so a ticker that runs but cannot write is unhealthy.
+``vigil alert-bridge`` serves ``/healthz`` on ``VIGIL_ALERT_BRIDGE_PORT`` (6069): 503 while its
+consumer holds no assignment or Alertmanager has accepted no post for 2 minutes.
 The other commands (``topics create``...) serve nothing: the probe reports them healthy.
 
 Exit 0: healthy, 1: unhealthy (Docker's convention). Standard library only.
@@ -40,13 +42,22 @@ def probe_url() -> str:
     return f"http://{host}:{port}/"
 
 
-def ticker_url() -> str:
-    host = os.environ.get("VIGIL_TICKER_HOST", "").strip()
+def health_url(host_env: str, port_env: str, default_port: str) -> str:
+    """``/healthz`` of a process serving its own (the ticker, the alert bridge)."""
+    host = os.environ.get(host_env, "").strip()
     host = "127.0.0.1" if host in WILDCARDS else host
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
-    port = os.environ.get("VIGIL_TICKER_PORT", "").strip() or "6068"
+    port = os.environ.get(port_env, "").strip() or default_port
     return f"http://{host}:{port}/healthz"
+
+
+def ticker_url() -> str:
+    return health_url("VIGIL_TICKER_HOST", "VIGIL_TICKER_PORT", "6068")
+
+
+def alert_bridge_url() -> str:
+    return health_url("VIGIL_ALERT_BRIDGE_HOST", "VIGIL_ALERT_BRIDGE_PORT", "6069")
 
 
 def check(url: str, timeout: float = 3.0) -> tuple[bool, str]:
@@ -65,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         what, url = "worker", probe_url()
     elif "ticker" in argv:
         what, url = "ticker", ticker_url()
+    elif "alert-bridge" in argv:
+        what, url = "alert-bridge", alert_bridge_url()
     else:
         return 0
     healthy, detail = check(url)

@@ -239,7 +239,9 @@ def test_compose_alert_bridge(services: dict[str, dict[str, Any]]) -> None:
     env = svc["environment"]
     assert env["VIGIL_ALERTMANAGER_URL"] == "http://alertmanager:9093"
     assert env["VIGIL_CONSOLE_URL"] == "http://127.0.0.1:16080"
-    assert svc["healthcheck"] == {"disable": True} and not svc.get("ports")
+    assert env["VIGIL_ALERT_BRIDGE_PORT"] == "6069" and env["VIGIL_ALERT_BRIDGE_HOST"] == "0.0.0.0"
+    assert svc["healthcheck"]["test"] == ["CMD", "python", "/opt/vigil/healthcheck.py"]
+    assert not svc.get("ports")  # scraped on the compose network only
 
 
 def test_alertmanager_example_config_is_valid() -> None:
@@ -505,6 +507,27 @@ def test_healthcheck_probes_the_ticker(
         argv = ["/sbin/docker-init", "--", "vigil", "ticker"]
         assert healthcheck.main(argv) == 1
         status.delivered(6)
+        assert healthcheck.main(argv) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_healthcheck_probes_the_alert_bridge(
+    healthcheck: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real bridge status server: 503 (unhealthy) until its consumer is assigned."""
+    from streams.alert_bridge import BridgeStatus
+    from streams.status_http import serve
+
+    status = BridgeStatus()
+    server = serve(status.registry, status.healthy, "127.0.0.1", 0)
+    try:
+        monkeypatch.setenv("VIGIL_ALERT_BRIDGE_HOST", "0.0.0.0")
+        monkeypatch.setenv("VIGIL_ALERT_BRIDGE_PORT", str(server.server_address[1]))
+        argv = ["/sbin/docker-init", "--", "vigil", "alert-bridge"]
+        assert healthcheck.main(argv) == 1
+        status.assignment(2)
         assert healthcheck.main(argv) == 0
     finally:
         server.shutdown()
