@@ -3,8 +3,8 @@
 - docker/prometheus/prometheus.yml and rules.yml pass ``promtool check config`` / ``check
   rules``, and every alert rule has a ``promtool test rules`` unit test (tests/*.yml), run
   here (Debian's ``prometheus`` package has promtool; scripts/test.sh installs it).
-- Every metric a rule or a dashboard query names is one a worker or the ticker exports, as
-  their metric registries say (built here as the worker and the ticker build them), or one
+- Every metric a rule or a dashboard query names is one a worker, the ticker or the alert
+  bridge exports, as their metric registries say (built here as they build them), or one
   Prometheus makes itself (``up``, ``ALERTS``).
 - The Grafana provisioning points at the dashboards directory and the Prometheus datasource
   the dashboards use.
@@ -49,9 +49,10 @@ def promtool(*args: str) -> str:
 
 
 def exported_names() -> set[str]:
-    """Every series name the worker's and the ticker's ``/metrics`` can show, from their
-    registries: counters as ``_total`` (and ``_created``), histograms as ``_bucket``,
-    ``_count`` and ``_sum``."""
+    """Every series name the worker's, the ticker's and the alert bridge's ``/metrics`` can
+    show, from their registries: counters as ``_total`` (and ``_created``), histograms as
+    ``_bucket``, ``_count`` and ``_sum``."""
+    from streams.alert_bridge import BridgeStatus
     from streams.approval_index import ApprovalIndex
     from streams.metrics import Metrics
     from streams.offsets import OffsetGuard
@@ -65,7 +66,7 @@ def exported_names() -> set[str]:
     worker = Metrics(processor, dict, OffsetGuard())
     worker.registry.register(_IndexCollector(ApprovalIndex(processor.stores.executions, 3)))  # type: ignore[arg-type]
     names: set[str] = set()
-    for registry in (worker.registry, TickerStatus(1.0).registry):
+    for registry in (worker.registry, TickerStatus(1.0).registry, BridgeStatus().registry):
         for family in registry.collect():
             suffixes = {
                 "counter": ("_total", "_created"),
@@ -144,6 +145,8 @@ def test_every_rule_and_query_names_an_exported_metric() -> None:
         "vigil_tick_age_seconds",
         "vigil_events_held_by_input",
         "vigil_ticker_last_tick_timestamp_seconds",
+        "vigil_alert_bridge_posts_failed_total",
+        "vigil_alert_bridge_posts_accepted_total",
         "process_cpu_seconds_total",
     } <= exported
     rules = rule_expressions()
@@ -211,7 +214,7 @@ def test_every_alert_rule_has_a_unit_test() -> None:
 @needs_promtool
 def test_promtool_checks_config_and_rules() -> None:
     assert "SUCCESS" in promtool("check", "config", "prometheus.yml")
-    assert "8 rules found" in promtool("check", "rules", "rules.yml")
+    assert "9 rules found" in promtool("check", "rules", "rules.yml")
 
 
 @needs_promtool
