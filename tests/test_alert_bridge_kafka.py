@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from streams.localstack import Cluster
 from streams.models.enums import AlertKind, AlertStatus, Owner, Severity
@@ -171,6 +172,7 @@ def dep(cluster: Cluster, tmp_path: Path) -> Deployment:
 def start_bridge(dep: Deployment, am: Alertmanager) -> subprocess.Popen[bytes]:
     """The real command, as compose runs it."""
     log = (dep.workdir / f"bridge-{uuid.uuid4().hex[:6]}.log").open("wb")
+    status_port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "streams.cli", "alert-bridge"],
         env=dep.env()
@@ -180,6 +182,7 @@ def start_bridge(dep: Deployment, am: Alertmanager) -> subprocess.Popen[bytes]:
             "VIGIL_ALERT_BRIDGE_REFRESH": "2s",
             "VIGIL_ALERT_BRIDGE_VALIDITY": "60s",
             "VIGIL_ALERT_BRIDGE_RETRY_MAX": "1s",
+            "VIGIL_ALERT_BRIDGE_PORT": str(status_port),
         },
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -187,6 +190,7 @@ def start_bridge(dep: Deployment, am: Alertmanager) -> subprocess.Popen[bytes]:
         start_new_session=True,
     )
     proc.log_path = Path(log.name)  # type: ignore[attr-defined]
+    proc.status_url = f"http://127.0.0.1:{status_port}"  # type: ignore[attr-defined]
     return proc
 
 
@@ -276,6 +280,20 @@ def test_orphaned_wait_is_routed_to_the_runtime_owner_and_resolved(
         assert note["labels"] == labels
         assert not [p for p, _ in hooks.received if p != "/runtime-owner"]
         wait_for("both offsets committed", lambda: committed(dep) == 2)
+
+        status = bridge.status_url  # type: ignore[attr-defined]
+        health = httpx.get(f"{status}/healthz", timeout=5)
+        assert health.status_code == 200 and health.json()["status"] == "OK", health.text
+        metrics = {
+            s.name: s.value
+            for f in text_string_to_metric_families(httpx.get(f"{status}/metrics").text)
+            for s in f.samples
+        }
+        assert metrics["vigil_alert_bridge_alerts_read_total"] == 2
+        assert metrics["vigil_alert_bridge_posts_accepted_total"] >= 2  # fired, then ended
+        assert metrics["vigil_alert_bridge_commits_total"] >= 1
+        assert metrics["vigil_alert_bridge_alerts_firing"] == 0
+        assert metrics["vigil_alert_bridge_partitions_assigned"] == 2
     finally:
         log = stop_bridge(bridge)
     assert "Traceback" not in log, log
