@@ -128,28 +128,25 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     clocks = DirectTable(_table(app, "partition-clocks", n))
     stores = Stores(executions=executions, clocks=clocks)
 
-    # The group's committed offsets, as of the start of the batch being processed: the
-    # processor asks for them for every position an entry holds, so they are read once per
-    # batch. An older value is a lower one, which only keeps a position longer.
+    # The group's committed offsets the broker confirmed (``guard.confirmed``), as of the
+    # start of the batch being processed: the processor asks for them for every position an
+    # entry holds, so they are read once per batch. An older value is a lower one, which only
+    # keeps a position longer. Confirmed: read from the broker when a partition is first seen
+    # (``start_guard``), then every commit Faust reports as done; not Faust's own
+    # ``_committed_offset``, which it advances even when a commit failed (a rebalance in
+    # progress). Below a confirmed offset entries forget positions, and the guard skips every
+    # record handed over again (``OffsetGuard.confirm``): processed again, such an input would
+    # be judged a DUPLICATE or AFTER_TERMINAL anomaly.
     committed_now: dict[tuple[str, int], int | None] = {}
-    #: offsets the broker has confirmed committed: read from it when a partition is first
-    #: seen (``guard.start``), then every commit Faust reports as done. Not Faust's own
-    #: ``_committed_offset``, which it advances even when a commit failed (a rebalance in
-    #: progress): an entry would then forget positions Kafka delivers again, and a re-read
-    #: input would be judged a DUPLICATE or AFTER_TERMINAL anomaly.
-    confirmed: dict[tuple[str, int], int] = {}
-
-    def confirm(tp: tuple[str, int], offset: int) -> None:
-        if offset >= 0 and offset > confirmed.get(tp, -1):
-            confirmed[tp] = offset
 
     def start_guard(tp: tuple[str, int], committed_offset: int) -> None:
         """Where the guard starts a partition: the group's committed offset, or further where
         the partition's stored clock says every record before was processed and its effect
-        stored (``Processor.acknowledged``): the group's offset can be behind that (a commit
-        that failed in a rebalance), and those records, read again, would find entries that
-        may have forgotten their positions."""
-        confirm(tp, committed_offset)
+        stored (``Processor.acknowledged``), or where a commit this worker saw confirmed
+        stands: the group's offset can be behind those (a commit that failed in a rebalance),
+        and those records, read again, would find entries that may have forgotten their
+        positions."""
+        guard.confirm(tp, committed_offset)
         through = processor.processed_through(*tp) or 0
         guard.start(tp, max(committed_offset, through))
 
@@ -346,8 +343,8 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
             return  # fetched before a rebalance: it comes again to the partition's owner
         consumer = app.consumer
         committed_now.clear()
-        committed_now.update(confirmed)
-        watch_commits(consumer, confirm)
+        committed_now.update(guard.confirmed)
+        watch_commits(consumer, guard.confirm)
         assignment = consumer.assignment()
         # where the guard starts: the committed offsets of the partitions it has not seen yet,
         # asked in one request (one request per partition cost seconds after a rebalance)

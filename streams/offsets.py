@@ -9,10 +9,14 @@ compacted nor transactional, so a jump in offsets is a loss, never a hole in the
 
 The guard keeps, per input partition, the next offset the worker must see, starting at the
 group's committed offset read from the broker. A record past it is refused (not processed,
-not acknowledged) and the shell seeks back. A record before it is a redelivery and goes on
-(the processor recognises inputs it has applied). A hole that several seeks in a row cannot
-fill is real (retention deleted the records, or a transactional producer's markers) and is
-accepted, logged and counted.
+not acknowledged) and the shell seeks back. A record below the highest committed offset the
+broker has confirmed (``confirm``) is skipped: it was processed and its effect stored, and the
+entries of the executions forget the positions of the inputs below that offset
+(``ExecutionStore.mark_applied``), so processing it again would judge it a second time. A
+record between that offset and the next one expected is a redelivery and goes on (the
+processor recognises it by the position its entry still keeps). A hole that several seeks in
+a row cannot fill is real (retention deleted the records, or a transactional producer's
+markers) and is accepted, logged and counted.
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ class Check(Enum):
     AGAIN = "again"  #: an offset handed on before: a redelivery, process it
     SEEK = "seek"  #: records were skipped: refuse this one and seek back to ``expected``
     WAIT = "wait"  #: a seek is on its way: refuse this one, seek nothing
-    #: below the committed offset the guard started from: applied and committed before (its
-    #: applied position may be forgotten already), so skipped, neither processed nor sought
+    #: below the committed offset the guard started from, or below one the broker confirmed
+    #: since: applied and committed before (its applied position may be forgotten already),
+    #: so skipped, neither processed nor sought
     COMMITTED = "committed"
     HOLE = "hole"  #: the same hole after ``max_seeks`` seeks: accepted, process it
 
@@ -44,15 +49,20 @@ class OffsetGuard:
     _seeks: dict[TopicPartition, tuple[int, int, int]] = field(default_factory=dict)
     #: per partition: a seek was made and no record at the expected offset came since
     _seeking: set[TopicPartition] = field(default_factory=set)
-    #: per partition: the committed offset the guard started from
+    #: per partition: below it every record is skipped (``Check.COMMITTED``): the offset the
+    #: guard started from, raised by every committed offset the broker confirms
     floor: dict[TopicPartition, int] = field(default_factory=dict)
+    #: per partition: the highest committed offset the broker confirmed to this worker (read
+    #: from it, or a commit it accepted). Kept across rebalances: it only ever says that the
+    #: records below it were processed and their effect stored.
+    confirmed: dict[TopicPartition, int] = field(default_factory=dict)
     skipped_records: int = 0
     seeks: int = 0
     #: records handed over below the committed offset, skipped
     below_committed: int = 0
 
     def reset(self) -> None:
-        """After a rebalance: start again from the committed offsets."""
+        """After a rebalance: start again from the committed offsets (``confirmed`` stays)."""
         self.expected.clear()
         self.floor.clear()
         self._seeks.clear()
@@ -62,8 +72,35 @@ class OffsetGuard:
         return tp in self.expected
 
     def start(self, tp: TopicPartition, offset: int) -> None:
+        """Expect ``offset`` next, and skip what lies below it or below a confirmed commit."""
+        offset = max(offset, self.confirmed.get(tp, offset))
         self.expected[tp] = offset
         self.floor[tp] = offset
+
+    def confirm(self, tp: TopicPartition, offset: int) -> None:
+        """The broker holds ``offset`` as the group's committed offset of ``tp``: read from it,
+        or a commit it accepted. Every record below it is processed and its effect stored.
+
+        Why the floor rises with it: the processor asks ``committed`` to drop, from the entries,
+        the positions of inputs below it (an entry would otherwise grow without bound), so an
+        input handed over again below it would no longer be recognised as applied and would be
+        judged a second time (a DUPLICATE or AFTER_TERMINAL anomaly). Kafka does hand such
+        records over again: a consumer's fetch position can go back within one generation (two
+        workers killed again and again under a backlog showed a partition handed over a second
+        time from below an offset already committed). Skipping them is right whatever the
+        reason: their effect is stored and their outputs published."""
+        if offset < 0 or offset <= self.confirmed.get(tp, -1):
+            return
+        self.confirmed[tp] = offset
+        if tp in self.expected:
+            self.floor[tp] = max(self.floor.get(tp, 0), offset)
+            # the records below are done: the next one expected is at least there
+            self.expected[tp] = max(self.expected[tp], offset)
+
+    def committed(self, tp: TopicPartition) -> int | None:
+        """The highest committed offset the broker confirmed for ``tp`` (None: none yet):
+        below it, entries may forget positions, because the guard skips those records."""
+        return self.confirmed.get(tp)
 
     def check(self, tp: TopicPartition, offset: int, *, retry: bool) -> Check:
         """``retry``: whether the shell may seek again now (its last seek of ``tp`` is old
@@ -71,9 +108,10 @@ class OffsetGuard:
         want = self.expected[tp]
         if offset < self.floor.get(tp, 0):
             # Kafka does not deliver what the group committed, unless a fetch position is
-            # stale: a seek decided before a rebalance and run after it, or Faust resuming
-            # before its seek to the committed offsets. The record's effect is stored and its
-            # outputs published; an entry may have forgotten the position (it is below the
+            # stale or went back: a seek decided before a rebalance and run after it, Faust
+            # resuming before its seek to the committed offsets, a partition read a second
+            # time within a generation. The record's effect is stored and its outputs
+            # published; an entry may have forgotten the position (it is below a confirmed
             # committed offset), so processing it would judge it a duplicate.
             self.below_committed += 1
             return Check.COMMITTED
