@@ -19,4 +19,6 @@ source "$ROOT/scripts/bootstrap.sh"
 cd "$ROOT"
 ruff check .
 ruff format --check .
+# The pure tests on Python 3.12 and 3.13 (own venvs, same pins), then everything on .venv's.
+bash "$ROOT/scripts/test-pythons.sh" "$@"
 python -m pytest "$@"
