@@ -15,6 +15,7 @@ and their ratio are printed.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -86,8 +87,29 @@ def workload(executions: int) -> list[Any]:
     return out
 
 
+def digest(emissions: list[Any]) -> dict[str, Any]:
+    """What a run published, as one digest: per (topic, key), SHA-256 over each emission's
+    headers and record (its JSON) in the order published, then over those per-key digests in
+    key order. Two trees that publish the same records with the same ids and the same order
+    per key give the same digest, whatever order they interleave keys in."""
+    per_key: dict[tuple[str, str], Any] = {}
+    for em in emissions:
+        h = per_key.get((em.topic, em.key or ""))
+        if h is None:
+            h = per_key[(em.topic, em.key or "")] = hashlib.sha256()
+        h.update(repr(em.headers).encode())
+        h.update(type(em.record).__name__.encode())
+        h.update(em.record.model_dump_json().encode())
+        h.update(b"\x00")
+    total = hashlib.sha256()
+    for (topic, key), h in sorted(per_key.items()):
+        total.update(f"{topic}\x1f{key}\x1f{h.hexdigest()}\n".encode())
+    return {"outputs": len(emissions), "keys": len(per_key), "digest": total.hexdigest()}
+
+
 def run_once(executions: int) -> dict[str, Any]:
-    """One timed pass of a fresh Processor over the workload (built before the clock starts)."""
+    """One timed pass of a fresh Processor over the workload (built before the clock starts).
+    What it publishes is kept and digested after the clock stops (``digest``)."""
     from streams.app import tune_gc
     from streams.processor import Processor, Stores
     from streams.replay import REPLAY_FLUSH_EVERY
@@ -100,11 +122,12 @@ def run_once(executions: int) -> dict[str, Any]:
         settings, Topics.from_settings(settings), Stores(), write_behind=True
     )
     tune_gc()
-    outputs = 0
+    published: list[Any] = []
+    keep = published.extend
     handle = processor.handle
     cpu0, t0 = time.process_time(), time.perf_counter()
     for i, env in enumerate(envs, 1):
-        outputs += len(handle(env))
+        keep(handle(env))
         if i % REPLAY_FLUSH_EVERY == 0:
             processor.flush()
             processor.flush_clocks()
@@ -113,7 +136,8 @@ def run_once(executions: int) -> dict[str, Any]:
     seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     return {
         "records": len(envs),
-        "outputs": outputs,
+        "outputs": len(published),
+        "digest": digest(published)["digest"],
         "seconds": seconds,
         "cpu_seconds": cpu,
         "us_per_record": seconds / len(envs) * 1e6,
@@ -189,15 +213,23 @@ def main(argv: list[str] | None = None) -> int:
                 runs[name].append(r)
                 print(
                     f"{name:>8}: {r['records']:,} records, {r['outputs']:,} outputs, "
-                    f"{r['us_per_record']:.1f} µs/record ({r['cpu_us_per_record']:.1f} CPU)",
+                    f"{r['us_per_record']:.1f} µs/record ({r['cpu_us_per_record']:.1f} CPU), "
+                    f"digest {r['digest'][:12]}",
                     flush=True,
                 )
     for name, rs in runs.items():
         result[name] = _summary(rs)
     if args.against:
         cur, old = result["current"], result["against"]
-        if cur["runs"][0]["outputs"] != old["runs"][0]["outputs"]:
-            print("note: the two trees publish different numbers of outputs")
+        digests = {r["digest"] for r in cur["runs"] + old["runs"]}
+        result["outputs_equal"] = len(digests) == 1
+        if not result["outputs_equal"]:
+            print(
+                f"OUTPUTS DIFFER: the two trees publish different records ({len(digests)} "
+                "digests among the runs)"
+            )
+        else:
+            print(f"outputs equal: every run published the same records ({digests.pop()[:16]})")
         result["speedup"] = old["median_us_per_record"] / cur["median_us_per_record"]
         print(
             f"median: current {cur['median_us_per_record']:.1f} µs/record, "
@@ -208,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"median: {result['current']['median_us_per_record']:.1f} µs/record")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
-    return 0
+    return 0 if result.get("outputs_equal", True) else 1
 
 
 if __name__ == "__main__":

@@ -25,3 +25,18 @@ def test_a_run_processes_every_record_and_reports_its_outputs() -> None:
     assert result["records"] == len(core.workload(40))
     assert result["outputs"] > result["records"] // 2
     assert result["us_per_record"] > 0 and result["cpu_us_per_record"] > 0
+
+
+def test_the_digest_of_a_run_is_the_same_every_time_and_sees_any_changed_record() -> None:
+    from streams.models.base import replace
+    from streams.processor import Emission
+
+    a, b = core.run_once(30), core.run_once(30)
+    assert a["digest"] == b["digest"] and a["outputs"] == b["outputs"]
+    first = Emission("t", "k", core.workload(1)[0].record)
+    other = Emission("t", "k", replace(first.record, event_id="another"))
+    assert core.digest([first])["digest"] != core.digest([other])["digest"]
+    # the same records per key, keys interleaved differently: the same digest
+    x, y = Emission("t", "k1", first.record), Emission("t", "k2", other.record)
+    assert core.digest([x, y])["digest"] == core.digest([y, x])["digest"]
+    assert core.digest([x, x, y])["digest"] != core.digest([x, y, y])["digest"]
