@@ -125,13 +125,6 @@ class RecordProducer:
         )
         return value
 
-    def send_raw(
-        self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None
-    ) -> None:
-        kwargs: dict[str, Any] = {} if partition is None else {"partition": partition}
-        self.producer.produce(topic, key=key, value=value, on_delivery=self._on_delivery, **kwargs)
-        self.producer.poll(0)
-
     def tick(self, topic: str, partitions: int, at: Any, ticker_id: str) -> None:
         """One clock tick into every partition of ``topic``."""
         for p in range(partitions):
