@@ -35,14 +35,6 @@ from bench import sections as sec
 from streams.settings import Settings
 
 ALL = ("throughput", "throughput2", "ceiling", "replay", "latency", "memory", "profile", "floor")
-TARGETS = {
-    "one_worker_events_per_s": 20_000,
-    "ratio_to_aiokafka_ceiling": 0.5,
-    "p99_latency_ms": 250,
-    "unknown_lag_ms": None,  # tick interval + 500 ms, filled in at run time
-    "bytes_per_inflight_execution": 2048,
-    "replay_over_live": 2.0,
-}
 
 console = Console()
 

@@ -82,10 +82,6 @@ class KafkaUnreachable(CliError):
     code = ExitCode.KAFKA
 
 
-class RegistryUnreachable(CliError):
-    code = ExitCode.REGISTRY
-
-
 class ServiceUnreachable(CliError):
     code = ExitCode.SERVICE
 

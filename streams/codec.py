@@ -1,4 +1,5 @@
-"""Avro in the Confluent wire format, through confluent-kafka's schema-registry serdes.
+"""Avro in the Confluent wire format: confluent-kafka's registry client and serializer, fastavro,
+and writers compiled per schema (``streams.avro_writer``).
 
 Several record types share an input topic (every input topic also carries clock ticks), so
 their subjects follow the *topic-record* name strategy: ``<topic>-<record full name>``; an
@@ -6,8 +7,8 @@ output topic that carries one record type uses the default ``<topic>-value``
 (``streams.topics.subject_name``). Schemas are registered by ``vigil schemas register``, not
 by the clients: a codec only looks its subject's schema up, unless ``auto_register`` (the dev
 setting ``VIGIL_AUTO_REGISTER``) lets it register. Decoding
-looks at the writer's schema id, asks the registry (cached) which record that is, and hands
-the bytes to the ``AvroDeserializer`` of that record with our schema as the reader schema, so
+looks at the writer's schema id, asks the registry (cached) which record that is, and reads
+the bytes with fastavro, the writer's schema resolved against ours as the reader schema, so
 Avro schema resolution absorbs compatible evolution (a field added by a newer producer).
 
 A record the registry cannot be asked about is not a bad record: when the registry is
@@ -29,7 +30,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
@@ -190,7 +191,6 @@ class AvroCodec:
         self.registry = registry
         self.auto_register = auto_register
         self._serializers: dict[type[Record], AvroSerializer] = {}
-        self._deserializers: dict[type[Record], AvroDeserializer] = {}
         self._writer_names: dict[int, str] = {}
         # The hot path, after the first record of a kind: a writer compiled for the model's
         # schema (``streams.avro_writer``, fastavro's bytes at half the cost), or fastavro
@@ -360,13 +360,6 @@ class AvroCodec:
                 self._writer_schema(schema_id)
             except DecodeError:
                 continue
-
-    def deserializer(self, model: type[Record]) -> AvroDeserializer:
-        de = self._deserializers.get(model)
-        if de is None:
-            de = AvroDeserializer(self.registry, model.avro_schema_str())
-            self._deserializers[model] = de
-        return de
 
     def decode(
         self, topic: str, data: bytes | None, allowed: Iterable[type[Record]] | None = None

@@ -15,7 +15,7 @@ that started them; ``down()`` stops them. Everything lives in a cache directory
 (``$VIGIL_DEV_STATE_DIR`` or ``<cache>/dev``): data, logs and pid files.
 
 When ``KAFKA_BOOTSTRAP_SERVERS`` and ``SCHEMA_REGISTRY_URL`` are both set, that cluster is
-used and nothing is started (see ``ensure_cluster``).
+used and nothing is started (see ``cluster_from_env``).
 """
 
 from __future__ import annotations
@@ -172,11 +172,6 @@ def cluster_from_env() -> Cluster | None:
             "cluster, or neither to start the local one"
         )
     return None
-
-
-def ensure_cluster(timeout: float = 120.0) -> Cluster:
-    """The cluster from the environment if given, else the local stack (started if needed)."""
-    return cluster_from_env() or up(timeout=timeout)
 
 
 def up(reset: bool = False, timeout: float = 120.0, settings: Settings | None = None) -> Cluster:

@@ -7,8 +7,7 @@ requests can be judged offline and through a running worker, and must agree.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -212,14 +211,6 @@ def demo_scenario(base: datetime = datetime(2026, 7, 26, 16, 0, tzinfo=UTC)) -> 
     steps += [Tick(m(x)) for x in range(0, 31)]
     steps.append(Tick(REFERENCE_AT + timedelta(seconds=1)))
     return sorted(steps, key=lambda s: (_time(s), isinstance(s, Tick)))
-
-
-def dump_steps(steps: Iterable[Step]) -> Iterator[str]:
-    for s in steps:
-        if isinstance(s, Tick):
-            yield json.dumps({"tick": s.at.isoformat()})
-        else:
-            yield json.dumps({"type": s.avro_name, **s.model_dump(mode="json")})
 
 
 def shifted(steps: Iterable[Step], delta: timedelta) -> list[Step]:

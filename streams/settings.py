@@ -51,19 +51,6 @@ class SettingsError(ValueError):
     """A setting is unusable; the message names its variable."""
 
 
-def _flag(variable: str, default: bool = False) -> bool:
-    """A yes/no setting: true/yes/on/1 or false/no/off/0, any case."""
-    text = _env(variable)
-    if text is None:
-        return default
-    value = {"true": True, "yes": True, "on": True, "1": True}.get(text.lower())
-    if value is None and text.lower() not in ("false", "no", "off", "0"):
-        raise SettingsError(
-            f"{variable}: {text!r} is not one of true, false, yes, no, on, off, 1, 0"
-        )
-    return bool(value)
-
-
 #: The durations the core adds to event times, with their variables, and whether zero is
 #: refused (the core needs a positive operation timeout). Each is bounded like the durations
 #: records carry (``streams.core.bounds``), so no sum of a time and a setting leaves the

@@ -21,7 +21,7 @@ import binascii
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -852,8 +852,3 @@ class ConsoleView:
         finally:
             db.execute("COMMIT")
         return out
-
-
-def incoming(records: Iterable[tuple[str, int, int, Record | None]]) -> list[Incoming]:
-    """Incoming records from (topic, partition, offset, record) tuples (tests, tools)."""
-    return [Incoming(t, p, o, r) for t, p, o, r in records]
