@@ -9,23 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from streams.codec import AvroCodec, DecodeError
+from streams.emission import Emission, record_time_ms
 from streams.models.base import Record
 from streams.models.events import ClockTick
 from streams.settings import Settings
-
-if TYPE_CHECKING:
-    from streams.processor import Emission
-
-
-def record_time_ms(record: Record) -> int | None:
-    """The Kafka timestamp of a record: its event time (see ``Record.time_field``)."""
-    value = getattr(record, record.time_field, None) if record.time_field else None
-    return int(value.timestamp() * 1000) if value is not None else None
 
 
 class DeliveryFailed(RuntimeError):

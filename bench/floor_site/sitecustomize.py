@@ -28,7 +28,7 @@ def _install(path: str) -> None:
     nothing: list[Emission] = []
 
     def handle(self: Processor, env: Any, token: Any = None) -> list[Emission]:
-        self._done.append(token)
+        self.scheduler.done(token)
         return list(outputs.get((env.topic, env.partition, env.offset), nothing))
 
     Processor.handle = handle  # type: ignore[method-assign]

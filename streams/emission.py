@@ -1,0 +1,31 @@
+"""What the worker publishes: one output record with its topic, key and headers.
+
+Its own module so that the producer (``streams/clients.py``) and the processor that makes the
+emissions can both use it without importing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streams.models.base import Record
+
+
+def record_time_ms(record: Record) -> int | None:
+    """The Kafka timestamp of a record: its event time (see ``Record.time_field``)."""
+    value = getattr(record, record.time_field, None) if record.time_field else None
+    return int(value.timestamp() * 1000) if value is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class Emission:
+    """An output record, the topic it goes to, its Kafka key and headers."""
+
+    topic: str
+    key: str | None
+    record: Record
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def timestamp_ms(self) -> int | None:
+        return record_time_ms(self.record)
