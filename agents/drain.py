@@ -12,7 +12,7 @@ everything Faust's loop does per record (the read offsets, the gaps of a partiti
 must acknowledge, the commit cadence) and routes the records of the input topics, whole
 ``getmany`` batches at a time, to a bounded queue that the pipeline task reads. Records of
 every other topic (table changelogs during recovery, standbys) still go through Faust's
-callback one by one, exactly as before. Each batch carries the rebalance generation it was
+callback one by one, as Faust does. Each batch carries the rebalance generation it was
 fetched in, so that the pipeline drops a batch fetched before a rebalance.
 
 Everything else of Faust stays: the consumer and its thread, rebalancing, offset commits,

@@ -1,5 +1,5 @@
 """The cost of a ``/metrics`` scrape with 100,000 executions in flight, and the event loop's
-p99 stall while scrapes and the off-loop state count run (issue 20).
+p99 stall while scrapes and the off-loop state count run.
 
 No Kafka: the worker's metrics over a table of 100,000 in-flight entries (one demo entry
 copied under new keys). A stand-in batch loop (``Processor.handle`` of a round of ticks,

@@ -1,10 +1,10 @@
 """The offline approval audit: ``vigil audit FILE --at TIME``.
 
 Judges a JSON Lines snapshot of approval requests (one object per request) with the very same
-evaluator the stream uses (``streams.core.approvals``), so the audit and the live worker can
-never disagree. A snapshot knows *that* things happened but often not *when* (a delivery
-``"delivered"``, a current digest): such facts have an unknown time, which the evaluator
-answers conservatively (see its module docstring).
+evaluator the stream uses (``streams.core.approvals``, docs/rules.md#approval-waits), so the
+audit and the live worker can never disagree. A snapshot knows *that* things happened but
+often not *when* (a delivery ``"delivered"``, a current digest): such facts have an unknown
+time, which the evaluator answers conservatively (see its module docstring).
 
 Exit codes: 0 when every line was judged, 1 when the file cannot be read, 2 when any line was
 malformed (those lines are reported with their number and reason; every other line is still

@@ -4,8 +4,8 @@ Why: the executions table is most of what a worker holds per in-flight execution
 is about 760 B of JSON that repeats the same field names, enum symbols and id shapes as every
 other entry. DEFLATE primed with a dictionary of exactly those strings stores an entry in
 about 110 B, and reading it back costs one or two µs (BENCHMARKS.md, step 5). Compressing
-each entry on its own, rather than a block of them, keeps the table a plain key-value map:
-the store, the changelog and recovery work as before, with bytes for values.
+each entry on its own, rather than a block of them, keeps the table a plain key-value map with
+bytes for values: the store, the changelog and recovery need nothing of their own.
 
 The dictionary is part of the stored format: an entry packed with it can only be read with it.
 ``DICTIONARY_V1`` must therefore never change. A better dictionary gets a new version byte,

@@ -1,4 +1,5 @@
-"""Per-action approval thresholds and per-connector operation deadlines, from configuration.
+"""Per-action approval thresholds and per-connector operation deadlines, from configuration:
+the middle of the three sources a threshold comes from (docs/rules.md#thresholds).
 
 A low-risk preview may resume in seconds while a production change waits for a maintenance
 window on purpose, and an SMS gateway answers in seconds while a bank transfer is verified in

@@ -265,12 +265,13 @@ class Settings:
     #: VIGIL_CLOSED_RETENTION — how long closed executions/approvals are remembered.
     closed_retention: timedelta = timedelta(hours=24)
     #: VIGIL_GRACE, VIGIL_HEARTBEAT_FRESH, VIGIL_DELIVERY_DEADLINE — approval thresholds used
-    #: when neither the request nor its action policy says otherwise.
+    #: when neither the request nor its action policy says otherwise (docs/rules.md#thresholds).
     grace: timedelta = timedelta(minutes=5)
     heartbeat_fresh: timedelta = timedelta(minutes=10)
     delivery_deadline: timedelta = timedelta(minutes=5)
     #: VIGIL_REPLY_TIMEOUT, VIGIL_VERIFY_TIMEOUT — operation deadlines when a SENT or an
-    #: ACKNOWLEDGED event carries none and its connector has no entry in the policies file.
+    #: ACKNOWLEDGED event carries none and its connector has no entry in the policies file
+    #: (docs/rules.md#deadlines).
     reply_timeout: timedelta = timedelta(seconds=30)
     verify_timeout: timedelta = timedelta(minutes=5)
     #: VIGIL_POLICIES_FILE — JSON with per-action approval thresholds and per-connector

@@ -1,5 +1,5 @@
 """The AsyncAPI 3 document: generated from the catalogue and schemas, checked in, and valid
-against the official AsyncAPI 3.0.0 JSON Schema (issue 21, section 3)."""
+against the official AsyncAPI 3.0.0 JSON Schema."""
 
 from __future__ import annotations
 

@@ -159,9 +159,9 @@ def test_the_log_spans_hours_and_nothing_is_out_of_range() -> None:
 
 
 def test_one_topic_read_entirely_before_the_others_changes_nothing() -> None:
-    """The backfill of issue 16: every record of one topic first (here each topic in turn),
-    then the rest. Before, the events of the topic read first were judged against a watermark
-    hours behind them and reported TIME_OUT_OF_RANGE."""
+    """A backfill: every record of one topic first (here each topic in turn), then the rest.
+    The events of the topic read first wait for the watermark; none is judged against a
+    watermark hours behind it (that would report them TIME_OUT_OF_RANGE)."""
     for first in INPUTS:
         ahead = [e for tp, records in sorted(LOG.items()) if tp[0] == first for e in records]
         rest = [e for e in by_time() if e.topic != first]
@@ -245,10 +245,10 @@ class Broker:
 def test_a_restart_under_a_backlog_publishes_the_same_records(
     choices: list[tuple[int, int]], batch: int, crashes: list[tuple[int, str]]
 ) -> None:
-    """Issue 17: a topic read far ahead of the others leaves many events held for the
-    watermark, unacknowledged. Before, the clock saved with a batch included their times, so
-    after a restart they came again behind a watermark already past them and were applied out
-    of order: outputs missing, and reply timeouts that should never fire."""
+    """A topic read far ahead of the others leaves many events held for the watermark,
+    unacknowledged. The clock saved with a batch must not include their times: after a
+    restart they would come again behind a watermark already past them and be applied out of
+    order (outputs missing, reply timeouts that should never fire)."""
     broker = Broker(interleave(choices))
     for crash in crashes:
         with contextlib.suppress(Crash):

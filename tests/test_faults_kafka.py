@@ -1,4 +1,4 @@
-"""Issue 7, faults: a worker killed with SIGKILL, a worker leaving and rejoining a group, and
+"""Faults: a worker killed with SIGKILL, a worker leaving and rejoining a group, and
 the broker restarting, each in the middle of a steady stream on the real broker.
 
 Every test produces one deterministic list of scenario steps (many executions' status

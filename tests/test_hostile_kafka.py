@@ -1,4 +1,4 @@
-"""Issue 7, "Hostile input" and "Schema evolution", on the real broker and registry.
+"""Hostile input and schema evolution, on the real broker and registry.
 
 One deployment and one worker subprocess serve the whole module. Every case owns a partition
 (the ids it uses are chosen to hash there and raw records are produced to it explicitly), so

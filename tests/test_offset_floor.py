@@ -1,4 +1,4 @@
-"""The offset guard's floor follows the committed offsets the broker confirms (issue 17).
+"""The offset guard's floor follows the committed offsets the broker confirms.
 
 Entries forget the positions of inputs below a confirmed committed offset
 (``ExecutionStore.mark_applied``); an input handed over again below it would no longer be

@@ -1,4 +1,4 @@
-"""Issue 17, defects 2, 5 and 7, on the real broker: records that cannot be processed or
+"""On the real broker: records that cannot be processed or
 published as they are, clock ticks a broken clock dates a year ahead, and events read again
 after a failed batch.
 

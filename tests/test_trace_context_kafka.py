@@ -1,4 +1,4 @@
-"""The trace context on the real registry and through a running worker (issue 20, section 4)."""
+"""The trace context on the real registry and through a running worker (topology.md, Tracing)."""
 
 from __future__ import annotations
 

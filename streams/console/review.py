@@ -18,7 +18,8 @@ Why it is shaped like this:
   ``decide`` asks the pure core itself (``streams.core.operations.apply_event``) what it would
   do with the event, on an attempt rebuilt from what the view knows of it: the status of the
   attempt is all the core's rule reads for these three kinds, so the console refuses exactly
-  what the pipeline would, and says why, and no second copy of the rule can drift.
+  what the pipeline would, and says why, and no second copy of the rule can drift (the rule:
+  docs/rules.md#what-each-event-does).
 - **A double click is one event.** The event id is derived from the action: settling is
   once per attempt, so ``verified`` and ``failed`` ids come from (operation, attempt,
   action) alone; ``take`` may legitimately happen again on one attempt (a reviewer hands
