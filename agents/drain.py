@@ -59,8 +59,6 @@ class BatchDrain:
         # back-pressure reaches the consumer (and Kafka) instead of memory.
         self._depth = depth
         self._queue: asyncio.Queue[Batch] | None = None
-        self.batches_fetched = 0
-        self.records_fetched = 0
         #: when a record of each input partition was last fetched (``time.monotonic``): the
         #: watchdog must not take a partition starved by a backlog for one that stalled
         self.fetched_at: dict[tuple[str, int], float] = {}
@@ -158,8 +156,6 @@ class BatchDrain:
                 if batch and (len(batch) >= size or loop.time() >= closes_at):
                     for i in range(0, len(batch), size):
                         chunk = batch[i : i + size]
-                        self.batches_fetched += 1
-                        self.records_fetched += len(chunk)
                         await queue.put((generation, chunk))
                     batch = []
         except consumer.consumer_stopped_errors:

@@ -42,7 +42,6 @@ class MembershipLease:
         self.margin = margin
         self.clock = clock
         self.proven_at: float | None = None
-        self.waits = 0
 
     def renew(self, sent_at: float | None = None) -> None:
         """A heartbeat sent at ``sent_at`` was accepted (or a join completed now)."""
