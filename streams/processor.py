@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel
-
 from streams.core import approvals as ap
 from streams.core import executions as ex
 from streams.core import operations as ops
@@ -35,9 +33,9 @@ from streams.core import trace
 from streams.core.alerts import anomaly_alert, verdict_alerts
 from streams.core.bounds import out_of_domain
 from streams.core.clock import PartitionClock
+from streams.core.execution import Execution, Orphan, Refusal, Rules, Step, Verdict
 from streams.core.findings import AnomalyFinding
-from streams.core.ids import deterministic_id
-from streams.emission import Emission, record_time_ms
+from streams.emission import Emission
 from streams.emitter import (
     EARLIEST_PLAUSIBLE,
     MAX_TEXT,
@@ -54,7 +52,7 @@ from streams.models.base import Record
 from streams.models.enums import AnomalyKind
 from streams.models.outputs import Anomaly
 from streams.partitioning import partition_of
-from streams.scheduler import EPOCH, ONE_MS, Due, DueTime, Scheduler, Timers, epoch_ms
+from streams.scheduler import Due, DueTime, Scheduler, Timers, epoch_ms
 from streams.settings import Settings
 from streams.state import ExecutionStore
 from streams.topics import Topics
@@ -117,6 +115,9 @@ class Processor:
         self.thresholds_for = ap.threshold_resolver(policies, thresholds)
         self.closed_retention = closed_retention
         self.orphan_after = orphan_after
+        self.rules = Rules(
+            self.operation_config, self.thresholds_for, closed_retention, orphan_after
+        )
         #: execution id -> partition (murmur2 of the id), memoised: several lookups per event
         self._partitions: dict[str, int] = {}
         self.scheduler = Scheduler(self.input_names, stores.clocks, self._timers)
@@ -294,12 +295,7 @@ class Processor:
                     self._schedule(execution_id, record.occurred_at)  # type: ignore[attr-defined]
                 return
             self.state.mark_applied(execution_id, position, self._committed_by_rank)
-        if isinstance(record, ev.ExecutionStatusChanged):
-            self._on_status(env, record, out)
-        elif isinstance(record, ev.OperationEvent):
-            self._on_operation(env, record, out)
-        else:
-            self._on_approval_fact(env, record, out)
+        self._on_input(env, record, out)
 
     def _committed_by_rank(self, rank: int, partition: int) -> int | None:
         assert self.committed is not None
@@ -352,181 +348,94 @@ class Processor:
                 )
         return None
 
-    # -- executions -----------------------------------------------------------------------
-    def _load_execution(self, execution_id: str) -> ex.Slot:
-        slot = self.state.load(execution_id, "inflight", ex.load_slot)
-        if slot is None:
-            slot = self.state.load(execution_id, "closed", ex.load_slot)
-        return slot  # type: ignore[no-any-return]
+    # -- the execution aggregate ----------------------------------------------------------
+    def _execution(self, execution_id: str) -> Execution:
+        """The execution's aggregate, built once per batch from its entry's parts."""
+        return self.state.execution(execution_id, self._build)  # type: ignore[no-any-return]
 
-    def _store_execution(self, execution_id: str, step: ex.ExecutionStep) -> None:
-        slot = step.slot
-        if isinstance(slot, ex.Closed):
-            self.state.save(execution_id, "closed", slot, ex.dump_slot)
-            self.state.save(execution_id, "inflight", None)
-            self._schedule(execution_id, slot.closed_at + self.closed_retention)
-        elif isinstance(slot, ex.InFlight):
-            self.state.save(execution_id, "inflight", slot, ex.dump_slot)
+    def _build(self, execution_id: str) -> Execution:
+        load = self.state.load
+        return Execution(
+            execution_id,
+            self.rules,
+            load(execution_id, "inflight", _in_flight),
+            load(execution_id, "closed", _closed),
+            load(execution_id, "operations", ops.OperationBook.model_validate_json),
+            load(execution_id, "approvals", ap.ApprovalBook.model_validate_json),
+        )
 
-    def _on_status(
-        self, env: Envelope, record: ev.ExecutionStatusChanged, out: list[Emission]
+    def _store(self, execution: Execution) -> None:
+        """The parts the last call replaced, into the entry (written at the next flush)."""
+        save, execution_id = self.state.save, execution.execution_id
+        for name in execution.changed:
+            save(execution_id, name, getattr(execution, name), _DUMP[name])
+        execution.changed.clear()
+
+    def _on_input(self, env: Envelope, record: Record, out: list[Emission]) -> None:
+        execution = self._execution(record.execution_id)  # type: ignore[attr-defined]
+        step = execution.apply(record)
+        self._store(execution)
+        self._publish(execution.execution_id, step, out, env, record)
+
+    def _advance_key(self, execution_id: str, horizon: datetime, out: list[Emission]) -> None:
+        execution = self._execution(execution_id)
+        step = execution.advance(horizon)
+        self._store(execution)
+        self._publish(execution_id, step, out)
+
+    def _publish(
+        self,
+        execution_id: str,
+        step: Step,
+        out: list[Emission],
+        env: Envelope | None = None,
+        record: Record | None = None,
     ) -> None:
-        slot = self._load_execution(record.execution_id)
-        step = ex.apply_status(slot, record)
-        if step.anomaly is not None:
-            out.append(self.emitter.anomaly(env, record, step.anomaly))
-            return
-        self._remember_trace(record, trace.EXECUTION)
-        self._store_execution(record.execution_id, step)
-        if step.published is not None:
-            out.append(self.emitter.emit(step.published))
-        if isinstance(step.slot, ex.InFlight) and slot is None:
-            # operations or approvals may have been seen before the first status
-            self._sync_open_items(record.execution_id, record.occurred_at, out)
-
-    def _sync_open_items(self, execution_id: str, at: datetime, out: list[Emission]) -> None:
-        slot = self.state.load(execution_id, "inflight", ex.load_slot)
-        if slot is None:
-            return
-        step = ex.set_open_items(
-            slot,
-            ops.open_operation_ids(self._load_operations(execution_id)),
-            self._open_approvals(execution_id),
-            at,
-        )
-        if step.published is not None:
-            self._store_execution(execution_id, step)
-            out.append(self.emitter.emit(step.published))
-
-    # -- operations -----------------------------------------------------------------------
-    def _load_operations(self, execution_id: str) -> ops.OperationBook | None:
-        return self.state.load(  # type: ignore[no-any-return]
-            execution_id, "operations", ops.OperationBook.model_validate_json
-        )
-
-    def _store_operations(self, book: ops.OperationBook) -> None:
-        self.state.save(book.execution_id, "operations", book, _dump_json_lean)
-        due = ops.next_deadline(book)
-        if due is not None:
-            self._schedule(book.execution_id, due)
-
-    def _on_operation(self, env: Envelope, record: ev.OperationEvent, out: list[Emission]) -> None:
-        book = self._load_operations(record.execution_id)
-        if book is not None:
-            # Deadlines before this event, judged on this topic's own order: a reply stamped
-            # after its deadline finds the attempt already UNKNOWN, live and in a replay.
-            before = ops.advance(book, record.occurred_at - ONE_MS, self.operation_config)
-            out.extend(self.emitter.emit(r) for r in before.outputs)
-            book = before.book
-        step = ops.apply_event(book, record, self.operation_config)
-        if step.outputs or not step.anomalies:
-            self._remember_trace(record, trace.operation_key(record.operation_id))
-        out.extend(self.emitter.emit(r) for r in step.outputs)
-        out.extend(self.emitter.anomaly(env, record, f) for f in step.anomalies)
-        if step.book is not None:
-            self._store_operations(step.book)
-        self._sync_open_items(record.execution_id, record.occurred_at, out)
-
-    # -- approvals ------------------------------------------------------------------------
-    def _load_approvals(self, execution_id: str) -> ap.ApprovalBook | None:
-        return self.state.load(  # type: ignore[no-any-return]
-            execution_id, "approvals", ap.ApprovalBook.model_validate_json
-        )
-
-    def _open_approvals(self, execution_id: str) -> tuple[str, ...]:
-        book = self._load_approvals(execution_id)
-        return ap.open_request_ids(book) if book is not None else ()
-
-    def _on_approval_fact(self, env: Envelope, record: Record, out: list[Emission]) -> None:
-        """Facts are stored at once; verdicts are judged when the watermark passes them, so
-        a decision and its receipt meet whichever topic delivers first, and a fact that comes
-        before its request waits for it in the book."""
-        execution_id: str = record.execution_id  # type: ignore[attr-defined]
-        book = self._load_approvals(execution_id) or ap.ApprovalBook(execution_id=execution_id)
-        book = ap.add_fact(book, record)  # type: ignore[arg-type]
-        self.state.save(execution_id, "approvals", book, _dump_json)
-        self._remember_trace(record, trace.key_of_input(record))
-        self._schedule(execution_id, record.occurred_at)  # type: ignore[attr-defined]
-
-    def _advance_approvals(
-        self, execution_id: str, horizon: datetime, out: list[Emission]
-    ) -> datetime | None:
-        book = self._load_approvals(execution_id)
-        if book is None:
-            return None
-        joined = ap.JoinedFacts(self.thresholds_for)  # computed once for both calls
-        new_book, verdicts = ap.advance(book, horizon, self.thresholds_for, joined)
-        new_book, orphans = ap.take_orphans(new_book, horizon - self.orphan_after)
-        new_book = ap.purge_closed(new_book, horizon - self.closed_retention)
-        # The id of the verdict record each request leaves, made only for requests that
-        # change (most advances change none).
-        previous_ids: dict[str, str] = {}
-        for v in verdicts:
-            emitted = self.emitter.emit(v)
-            out.append(emitted)
-            v = emitted.record  # type: ignore[assignment]  # with its trace context
-            previous_id = previous_ids.get(v.request_id)
-            if previous_id is None and v.request_id in book.last_verdicts:
-                lv = book.last_verdicts[v.request_id]
-                previous_id = deterministic_id("verdict", v.request_id, lv.verdict, lv.since)
-            out.extend(self.emitter.emit(a) for a in verdict_alerts(v, previous_id))
-            previous_ids[v.request_id] = v.verdict_id
-        for request_id, last_fact in orphans:
-            out.append(self.emitter.orphan(execution_id, request_id, last_fact))
-        # ``advance`` moves ``evaluated_until`` almost every time: that differs first, and
-        # spares comparing every request's facts field by field
-        if new_book is not book and (
-            new_book.evaluated_until != book.evaluated_until or new_book != book
-        ):
-            self.state.save(execution_id, "approvals", new_book, _dump_json)
-        change = ap.next_change(new_book, self.thresholds_for, joined)
-        if change is not None:
-            self._schedule(execution_id, change)
-        orphaned = ap.orphan_deadline(new_book, self.orphan_after)
-        if orphaned is not None:  # take_orphans needs the horizon strictly past it
-            self._schedule(execution_id, orphaned + ONE_MS)
-        return max((v.evaluated_at for v in verdicts), default=None)
+        """A step's outputs to the emitter, in order, and its due times to the scheduler.
+        An input's trace context is remembered before the outputs it caused are stamped."""
+        emitter = self.emitter
+        for i, item in enumerate(step.outputs):
+            if i == step.traced_from and step.trace_key is not None:
+                self._remember_trace(record, step.trace_key)  # type: ignore[arg-type]
+            cls = type(item)
+            if cls is Verdict:
+                emitted = emitter.emit(item.record)  # type: ignore[union-attr]
+                out.append(emitted)
+                alerts = verdict_alerts(emitted.record, item.previous_id)  # type: ignore[arg-type, union-attr]
+                out.extend(emitter.emit(a) for a in alerts)
+            elif cls is Refusal:
+                out.append(emitter.anomaly(env, record, item.finding))  # type: ignore[arg-type, union-attr]
+            elif cls is Orphan:
+                out.append(emitter.orphan(execution_id, item.request_id, item.last_fact))  # type: ignore[union-attr]
+            else:
+                out.append(emitter.emit(item))  # type: ignore[arg-type]
+        if step.trace_key is not None and step.traced_from >= len(step.outputs):
+            self._remember_trace(record, step.trace_key)  # type: ignore[arg-type]
+        for due in step.due:
+            self._schedule(execution_id, due)
 
     # -- timers and stream time ------------------------------------------------------------
     def _schedule(self, execution_id: str, due: datetime) -> None:
         self.scheduler.schedule(self.partition_of(execution_id), epoch_ms(due), execution_id)
 
     def _timers(self, partition: int) -> Timers:
-        """The partition's due times as its tables say (``Scheduler.index``): operation
-        deadlines, approval change points and the end of closed executions' retention."""
+        """The partition's due times as its tables say (``Scheduler.index``): each stored
+        execution's ``next_due``, and the executions whose facts were stored but not judged
+        before a late one (judged first)."""
         due: list[DueTime] = []
-        for key, value in list(self.operations.items()):
-            if self.partition_of(key) == partition:
-                deadline = ops.next_deadline(ops.OperationBook.model_validate_json(value))
-                if deadline is not None:
-                    due.append(DueTime(epoch_ms(deadline), key))
-        judge_first = self._approval_due(partition, due)
-        for key, value in list(self.closed.items()):
-            if self.partition_of(key) == partition:
-                slot = ex.load_slot(value)
-                if isinstance(slot, ex.Closed):
-                    due.append(DueTime(epoch_ms(slot.closed_at + self.closed_retention), key))
-        return Timers(due, judge_first)
-
-    def _approval_due(self, partition: int, due: list[DueTime]) -> set[str]:
-        """Adds the approval books' due times to ``due``; returns the books to judge first."""
         judge_first: set[str] = set()
-        for key, value in list(self.approvals.items()):
-            if self.partition_of(key) == partition:
-                book = ap.ApprovalBook.model_validate_json(value)
-                change = ap.next_change(book, self.thresholds_for)
-                if change is not None:
-                    due.append(DueTime(epoch_ms(change), key))
-                if book.dirty:
-                    # Facts stored but not judged yet (the worker stopped in between): judged at
-                    # their own times, as the uninterrupted run judged them when the watermark
-                    # passed each; a late fact (nothing after evaluated_until) at the next one.
-                    pending = _times_after(book, book.evaluated_until)
-                    if pending:
-                        due.extend(DueTime(epoch_ms(t), key) for t in pending)
-                    else:
-                        judge_first.add(key)
-        return judge_first
+        for key, entry in self.state.entries():
+            if self.partition_of(key) != partition:
+                continue
+            execution = Execution(
+                key,
+                self.rules,
+                *(None if text is None else parse(text) for text, parse in _parts(entry)),
+            )
+            due.extend(DueTime(epoch_ms(t), key) for t in execution.next_due())
+            if execution.pending_dirty():
+                judge_first.add(key)
+        return Timers(due, judge_first)
 
     def _observe(self, env: Envelope, t: datetime, out: list[Emission]) -> None:
         watermark = self.scheduler.observe(env, t)
@@ -545,29 +454,6 @@ class Processor:
                 assert record is not None
                 self._apply(item.env, record, out)
                 self.scheduler.done(item.token)
-
-    def _advance_key(self, execution_id: str, horizon: datetime, out: list[Emission]) -> None:
-        self._expire_closed(execution_id, horizon)
-        changed_at: datetime | None = None
-        book = self._load_operations(execution_id)
-        if book is not None:
-            step = ops.advance(book, horizon, self.operation_config)
-            if step.outputs:
-                out.extend(self.emitter.emit(r) for r in step.outputs)
-                self._store_operations(step.book)
-                changed_at = max(_record_time(r) for r in step.outputs)
-        approvals_at = self._advance_approvals(execution_id, horizon, out)
-        if approvals_at is not None:
-            changed_at = max(changed_at, approvals_at) if changed_at else approvals_at
-        if changed_at is not None:
-            self._sync_open_items(execution_id, changed_at, out)
-
-    def _expire_closed(self, execution_id: str, at: datetime) -> None:
-        """A terminal execution is remembered for ``closed_retention`` (late events for it are
-        anomalies, not resurrections), then forgotten, so the table does not grow forever."""
-        slot = self.state.load(execution_id, "closed", ex.load_slot)
-        if isinstance(slot, ex.Closed) and slot.closed_at + self.closed_retention <= at:
-            self.state.save(execution_id, "closed", None)
 
     # -- trace context --------------------------------------------------------------------
     def _traces(self, execution_id: str) -> dict[str, str] | None:
@@ -610,26 +496,24 @@ def _dump_traces(traces: dict[str, str]) -> str:
     return json.dumps(traces, separators=(",", ":"))
 
 
-def _times_after(value: Any, after: datetime | None) -> set[datetime]:
-    """Every time in a state model later than ``after``."""
-    out: set[datetime] = set()
+def _in_flight(text: str) -> ex.InFlight | None:
+    slot = ex.load_slot(text)
+    return slot if isinstance(slot, ex.InFlight) else None
 
-    def walk(v: Any) -> None:
-        if isinstance(v, datetime):
-            if after is None or v > after:
-                out.add(v)
-        elif isinstance(v, BaseModel):
-            for name in type(v).model_fields:
-                walk(getattr(v, name))
-        elif isinstance(v, dict):
-            for x in v.values():
-                walk(x)
-        elif isinstance(v, tuple | list):
-            for x in v:
-                walk(x)
 
-    walk(value)
-    return out
+def _closed(text: str) -> ex.Closed | None:
+    slot = ex.load_slot(text)
+    return slot if isinstance(slot, ex.Closed) else None
+
+
+def _parts(entry: Any) -> tuple[tuple[str | None, Callable[[str], Any]], ...]:
+    """An entry's four parts as text, each with what parses it."""
+    return (
+        (entry.inflight, _in_flight),
+        (entry.closed, _closed),
+        (entry.operations, ops.OperationBook.model_validate_json),
+        (entry.approvals, ap.ApprovalBook.model_validate_json),
+    )
 
 
 def _dump_json(model: Any) -> str:
@@ -643,7 +527,10 @@ def _dump_json_lean(model: Any) -> str:
     return model.model_dump_json(exclude_none=True)  # type: ignore[no-any-return]
 
 
-def _record_time(record: Record) -> datetime:
-    ms = record_time_ms(record)
-    assert ms is not None
-    return EPOCH + ms * ONE_MS
+#: How each part of an execution is written into its entry.
+_DUMP: dict[str, Callable[[Any], str]] = {
+    "inflight": ex.dump_slot,
+    "closed": ex.dump_slot,
+    "operations": _dump_json_lean,
+    "approvals": _dump_json,
+}

@@ -43,6 +43,9 @@ MAX_SEEN = 64
 #: (BENCHMARKS.md, step 5).
 MAX_KEPT = 1024
 
+#: The key under which an entry's decoded aggregate is kept with its parts (never stored).
+AGGREGATE = "execution"
+
 Position = tuple[int, int, int]  # (input topic rank, partition, offset)
 _MISSING = object()
 
@@ -220,6 +223,17 @@ class ExecutionStore:
         objs[name] = obj
         return obj
 
+    def execution(self, execution_id: str, build: Callable[[str], Any]) -> Any:
+        """The execution's aggregate (``streams.core.execution``), built by ``build`` once per
+        batch and kept with the entry; its parts are saved through ``save``."""
+        e = self._cache.get(execution_id)
+        if e is None:
+            e = self.entry(execution_id)
+        aggregate = e.objs.get(AGGREGATE)
+        if aggregate is None:
+            aggregate = e.objs[AGGREGATE] = build(execution_id)
+        return aggregate
+
     def save(
         self, execution_id: str, name: str, obj: Any, dump: Callable[[Any], str] = str
     ) -> None:
@@ -284,6 +298,7 @@ class FieldView(MutableMapping[str, str]):
         e.materialize()
         setattr(e, self.name, value)
         e.objs.pop(self.name, None)
+        e.objs.pop(AGGREGATE, None)
         self.store.touch(key)
 
     def __delitem__(self, key: str) -> None:
@@ -293,6 +308,7 @@ class FieldView(MutableMapping[str, str]):
             raise KeyError(key)
         setattr(e, self.name, None)
         e.objs.pop(self.name, None)
+        e.objs.pop(AGGREGATE, None)
         self.store.touch(key)
 
     def __contains__(self, key: object) -> bool:

@@ -137,7 +137,7 @@ def test_the_input_being_applied_is_named_when_the_core_raises() -> None:
     def boom(*_: object) -> None:
         raise OverflowError("date value out of range")
 
-    proc._on_status = boom  # type: ignore[method-assign]
+    proc._on_input = boom  # type: ignore[method-assign]
     # behind no watermark: held, then released by the ticks of every input
     proc.handle(e)
     try:

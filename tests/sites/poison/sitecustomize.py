@@ -27,7 +27,7 @@ REFUSED = "injected output refusal"
 def _raise_on(event_id: str) -> None:
     from streams.processor import Processor
 
-    for name in ("_on_status", "_on_operation"):
+    for name in ("_on_input",):
         apply = getattr(Processor, name)
 
         def failing(self: Processor, env: Any, record: Any, out: Any, _apply: Any = apply) -> Any:

@@ -1,0 +1,357 @@
+"""One execution as one aggregate: its lifecycle, its operation book and its approval book.
+
+Why one object: everything an input changes about an execution lives in one table entry (see
+``streams.state``), and the three parts depend on each other. The published execution state
+lists the operations and approvals still open, so a change to either book may publish a new
+state. Kept apart, every input loaded the slot and the two books field by field, several times,
+to find out. Here the shell loads the aggregate once per input, calls one method, and stores
+what it holds, in the style of a keyed stateful operator:
+
+- ``apply(event)``: one input (a status, an operation event or an approval fact);
+- ``advance(horizon)``: stream time has passed ``horizon``: deadlines and change points up
+  to it are judged;
+- ``next_due()``: when stream time must reach for ``advance`` to have anything to do;
+- ``snapshot()``: the parts as stored.
+
+Each call returns a ``Step``: what to publish, in order, and the instants at which the shell
+must call ``advance`` again. The outputs are the core's records, ``Refusal``s (an input the
+core refused: the shell reports it as an anomaly with the input's coordinates), ``Verdict``s
+(a verdict and the id of the one it replaces, for the alerts the shell makes once the verdict
+carries its trace context) and ``Orphan``s (facts whose request never came).
+
+The rules are those of ``executions``, ``operations`` and ``approvals``; this module only
+decides which of them an input or a time reaches, and in what order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from streams.core import approvals as ap
+from streams.core import executions as ex
+from streams.core import operations as ops
+from streams.core import trace
+from streams.core.findings import AnomalyFinding
+from streams.core.ids import deterministic_id
+from streams.models import events as ev
+from streams.models.base import Record
+from streams.models.outputs import ApprovalVerdict
+
+ONE_MS = timedelta(milliseconds=1)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """The configuration an aggregate decides with (the same for every execution)."""
+
+    operations: ops.OperationConfig = field(default_factory=ops.OperationConfig)
+    thresholds_for: Callable[[ap.ApprovalFacts], ap.ThresholdSet] = field(
+        default_factory=ap.threshold_resolver
+    )
+    #: how long a finished execution is remembered (late events for it are anomalies)
+    closed_retention: timedelta = timedelta(hours=24)
+    #: how long facts may wait for their request before they are reported as orphans
+    orphan_after: timedelta = timedelta(hours=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """An input the core refused, and why: the shell reports it as an anomaly."""
+
+    finding: AnomalyFinding
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A verdict to publish, and the id of the verdict record it follows (None: the first)."""
+
+    record: ApprovalVerdict
+    previous_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    """Facts about a request that never came, the latest of them at ``last_fact``."""
+
+    request_id: str
+    last_fact: datetime
+
+
+Output = Record | Refusal | Verdict | Orphan
+
+
+@dataclass(slots=True)
+class Step:
+    """What one call did: what to publish, in order; the instants at which ``advance`` must
+    run (as the shell's due-time index takes them; a stale one is harmless); and, for an
+    input that changed something, the key its trace context is remembered under."""
+
+    outputs: list[Output] = field(default_factory=list)
+    due: list[datetime] = field(default_factory=list)
+    trace_key: str | None = None
+    #: the first output the input's trace context applies to (those before it are about
+    #: deadlines that fell before the input)
+    traced_from: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The parts of an aggregate as the entry stores them (each None when absent)."""
+
+    inflight: ex.InFlight | None
+    closed: ex.Closed | None
+    operations: ops.OperationBook | None
+    approvals: ap.ApprovalBook | None
+
+
+#: Which part of the aggregate each name in ``Execution.changed`` is.
+PARTS = ("inflight", "closed", "operations", "approvals")
+
+
+class Execution:
+    """One execution's state and the steps on it. Mutable, unlike its parts: it is the
+    operator's state for one key, loaded once per input and stored once; ``changed`` names
+    the parts a call replaced, so that only those are written again."""
+
+    __slots__ = (
+        "approvals",
+        "changed",
+        "closed",
+        "execution_id",
+        "inflight",
+        "operations",
+        "rules",
+    )
+
+    def __init__(
+        self,
+        execution_id: str,
+        rules: Rules,
+        inflight: ex.InFlight | None = None,
+        closed: ex.Closed | None = None,
+        operations: ops.OperationBook | None = None,
+        approvals: ap.ApprovalBook | None = None,
+    ) -> None:
+        self.execution_id = execution_id
+        self.rules = rules
+        self.inflight = inflight
+        self.closed = closed
+        self.operations = operations
+        self.approvals = approvals
+        self.changed: set[str] = set()
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.inflight, self.closed, self.operations, self.approvals)
+
+    # -- inputs ---------------------------------------------------------------------------
+    def apply(self, event: Record) -> Step:
+        """One input of this execution, already checked by the shell (key, time, domain)."""
+        step = Step()
+        if isinstance(event, ev.ExecutionStatusChanged):
+            self._on_status(event, step)
+        elif isinstance(event, ev.OperationEvent):
+            self._on_operation(event, step)
+        else:
+            self._on_approval_fact(event, step)  # type: ignore[arg-type]
+        return step
+
+    def _on_status(self, event: ev.ExecutionStatusChanged, step: Step) -> None:
+        slot = self.inflight if self.inflight is not None else self.closed
+        result = ex.apply_status(slot, event)
+        if result.anomaly is not None:
+            step.outputs.append(Refusal(result.anomaly))
+            return
+        step.trace_key = trace.EXECUTION
+        self._set_slot(result.slot, step)
+        if result.published is not None:
+            step.outputs.append(result.published)
+        if isinstance(result.slot, ex.InFlight) and slot is None:
+            # operations or approvals may have been seen before the first status
+            self._sync_open_items(event.occurred_at, step)
+
+    def _set_slot(self, slot: ex.Slot, step: Step) -> None:
+        if isinstance(slot, ex.Closed):
+            self.closed = slot
+            self.inflight = None
+            self.changed.update(("closed", "inflight"))
+            step.due.append(slot.closed_at + self.rules.closed_retention)
+        elif isinstance(slot, ex.InFlight):
+            self.inflight = slot
+            self.changed.add("inflight")
+
+    def _sync_open_items(self, at: datetime, step: Step) -> None:
+        """A new state when the operations or approvals open changed (``at``: the time of
+        what changed them)."""
+        slot = self.inflight
+        if slot is None:
+            return
+        book = self.approvals
+        result = ex.set_open_items(
+            slot,
+            ops.open_operation_ids(self.operations),
+            ap.open_request_ids(book) if book is not None else (),
+            at,
+        )
+        if result.published is not None:
+            self._set_slot(result.slot, step)
+            step.outputs.append(result.published)
+
+    def _on_operation(self, event: ev.OperationEvent, step: Step) -> None:
+        config = self.rules.operations
+        book = self.operations
+        if book is not None:
+            # Deadlines before this event, judged on this topic's own order: a reply stamped
+            # after its deadline finds the attempt already UNKNOWN, live and in a replay.
+            before = ops.advance(book, event.occurred_at - ONE_MS, config)
+            step.outputs.extend(before.outputs)
+            book = before.book
+        result = ops.apply_event(book, event, config)
+        if result.outputs or not result.anomalies:
+            step.trace_key = trace.operation_key(event.operation_id)
+            step.traced_from = len(step.outputs)
+        step.outputs.extend(result.outputs)
+        step.outputs.extend(Refusal(f) for f in result.anomalies)
+        if result.book is not None:
+            self._set_operations(result.book, step)
+        self._sync_open_items(event.occurred_at, step)
+
+    def _set_operations(self, book: ops.OperationBook, step: Step) -> None:
+        self.operations = book
+        self.changed.add("operations")
+        due = ops.next_deadline(book)
+        if due is not None:
+            step.due.append(due)
+
+    def _on_approval_fact(self, event: ap.ApprovalEvent, step: Step) -> None:
+        """Facts are kept at once and judged when stream time passes them, so a decision and
+        its receipt meet whichever topic delivers first, and a fact that comes before its
+        request waits for it in the book."""
+        book = self.approvals or ap.ApprovalBook(execution_id=self.execution_id)
+        self.approvals = ap.add_fact(book, event)
+        self.changed.add("approvals")
+        step.trace_key = trace.key_of_input(event)
+        step.due.append(event.occurred_at)
+
+    # -- time -----------------------------------------------------------------------------
+    def advance(self, horizon: datetime) -> Step:
+        """Stream time has passed ``horizon``: forget a long-closed execution, fire the
+        operations' deadlines and judge the approvals' change points up to it."""
+        step = Step()
+        closed = self.closed
+        if closed is not None and closed.closed_at + self.rules.closed_retention <= horizon:
+            self.closed = None
+            self.changed.add("closed")
+        changed_at: datetime | None = None
+        book = self.operations
+        if book is not None:
+            result = ops.advance(book, horizon, self.rules.operations)
+            if result.outputs:
+                step.outputs.extend(result.outputs)
+                self._set_operations(result.book, step)
+                changed_at = max(_stamp(r) for r in result.outputs)
+        approvals_at = self._advance_approvals(horizon, step)
+        if approvals_at is not None:
+            changed_at = max(changed_at, approvals_at) if changed_at else approvals_at
+        if changed_at is not None:
+            self._sync_open_items(changed_at, step)
+        return step
+
+    def _advance_approvals(self, horizon: datetime, step: Step) -> datetime | None:
+        book = self.approvals
+        if book is None:
+            return None
+        rules = self.rules
+        joined = ap.JoinedFacts(rules.thresholds_for)  # computed once for both calls
+        new_book, verdicts = ap.advance(book, horizon, rules.thresholds_for, joined)
+        new_book, orphans = ap.take_orphans(new_book, horizon - rules.orphan_after)
+        new_book = ap.purge_closed(new_book, horizon - rules.closed_retention)
+        # The id of the verdict record each request leaves, made only for requests that
+        # change (most advances change none).
+        previous_ids: dict[str, str] = {}
+        for v in verdicts:
+            previous_id = previous_ids.get(v.request_id)
+            if previous_id is None and v.request_id in book.last_verdicts:
+                lv = book.last_verdicts[v.request_id]
+                previous_id = deterministic_id("verdict", v.request_id, lv.verdict, lv.since)
+            step.outputs.append(Verdict(v, previous_id))
+            previous_ids[v.request_id] = v.verdict_id
+        step.outputs.extend(Orphan(rid, last_fact) for rid, last_fact in orphans)
+        # ``advance`` moves ``evaluated_until`` almost every time: that differs first, and
+        # spares comparing every request's facts field by field
+        if new_book is not book and (
+            new_book.evaluated_until != book.evaluated_until or new_book != book
+        ):
+            self.approvals = new_book
+            self.changed.add("approvals")
+        change = ap.next_change(new_book, rules.thresholds_for, joined)
+        if change is not None:
+            step.due.append(change)
+        orphaned = ap.orphan_deadline(new_book, rules.orphan_after)
+        if orphaned is not None:  # take_orphans needs the horizon strictly past it
+            step.due.append(orphaned + ONE_MS)
+        return max((v.evaluated_at for v in verdicts), default=None)
+
+    def next_due(self) -> list[datetime]:
+        """Every instant at which ``advance`` has something to do, as stored (after a restart
+        or a rebalance the shell's due-time index is rebuilt from these): the operations' next
+        deadline, the approvals' next change point and orphan deadline, the end of a closed
+        execution's retention. Facts stored but not judged yet (the worker stopped in
+        between) are due at their own times; if none is after ``evaluated_until`` (a late
+        fact), ``pending_dirty`` says the book must be judged at the next instant."""
+        due: list[datetime] = []
+        if self.operations is not None:
+            deadline = ops.next_deadline(self.operations)
+            if deadline is not None:
+                due.append(deadline)
+        book = self.approvals
+        if book is not None:
+            change = ap.next_change(book, self.rules.thresholds_for)
+            if change is not None:
+                due.append(change)
+            if book.dirty:
+                due.extend(_times_after(book, book.evaluated_until))
+        if self.closed is not None:
+            due.append(self.closed.closed_at + self.rules.closed_retention)
+        return due
+
+    def pending_dirty(self) -> bool:
+        """Facts stored but not judged, none of them after ``evaluated_until``."""
+        book = self.approvals
+        return (
+            book is not None and bool(book.dirty) and not _times_after(book, book.evaluated_until)
+        )
+
+
+def _stamp(record: Record) -> datetime:
+    """An output's time as its Kafka timestamp gives it (whole milliseconds, through the
+    float of ``timestamp()``, as the shell stamps records)."""
+    value = getattr(record, record.time_field)  # type: ignore[arg-type]
+    return EPOCH + int(value.timestamp() * 1000) * ONE_MS
+
+
+def _times_after(value: Any, after: datetime | None) -> set[datetime]:
+    """Every time in a state model later than ``after``."""
+    from pydantic import BaseModel
+
+    out: set[datetime] = set()
+
+    def walk(v: Any) -> None:
+        if isinstance(v, datetime):
+            if after is None or v > after:
+                out.add(v)
+        elif isinstance(v, BaseModel):
+            for name in type(v).model_fields:
+                walk(getattr(v, name))
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, tuple | list):
+            for x in v:
+                walk(x)
+
+    walk(value)
+    return out
