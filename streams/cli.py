@@ -210,7 +210,12 @@ def _mount_optional() -> None:
 def config_cmd(bootstrap: BootstrapOpt = None, registry: RegistryOpt = None) -> None:
     """Print the effective settings (secrets masked), durations as they are written (24h)."""
     s = _settings(bootstrap, registry)
-    out.print_json(json.dumps(s.public(), default=_json_value))
+    shown = s.public()
+    retention_ms = shown.pop("retention_ms", None)
+    if retention_ms is not None:
+        # Shown under the variable's name, as it is written: forever or a duration.
+        shown["retention"] = "forever" if retention_ms < 0 else timedelta(milliseconds=retention_ms)
+    out.print_json(json.dumps(shown, default=_json_value))
 
 
 def _json_value(value: Any) -> Any:
