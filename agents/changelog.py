@@ -61,6 +61,8 @@ class DirectTable(MutableMapping[str, Any]):
         #: the writes whose records are pending or being sent: key -> (partition, value or
         #: ``_DELETED``). Replaced, never cleared in place: a send holds on to its own.
         self._overlay: dict[str, tuple[int, Any]] = {}
+        #: the partition writes go to (``writing_to``); else the current Faust event's
+        self._writing: int | None = None
 
     # -- reads: the batch's writes, then the table's own ---------------------------------------
     # Between batches the overlay is empty, and a read costs one test more than the table's.
@@ -128,7 +130,19 @@ class DirectTable(MutableMapping[str, Any]):
         self._overlay[key] = (partition, _DELETED)
         self._log(partition, key, None, "raw")
 
+    @contextlib.contextmanager
+    def writing_to(self, partition: int) -> Iterator[None]:
+        """Writes made inside go to ``partition`` (changelog and store), whatever event Faust
+        is processing: the worker writes a batch's state partition by partition."""
+        previous, self._writing = self._writing, partition
+        try:
+            yield
+        finally:
+            self._writing = previous
+
     def _partition(self) -> int:
+        if self._writing is not None:
+            return self._writing
         event = current_event()
         if event is None:
             raise RuntimeError(f"{self.table.name}: written outside of a record's partition")

@@ -2,26 +2,24 @@
 
 One processor reads all input topics of a partition so that it sees every fact of an execution
 in one place, and keeps its tables (execution entries, partition clocks) co-partitioned with
-them: a table's changelog partition is the partition of the record being processed. It is a
-Faust task fed whole batches by the consumer's batch drain (``agents/drain.py``) rather than a
-per-event Faust agent (see there why). Per batch it only decodes (``open_envelope``), calls
-``Processor.handle`` and sends what it returns, each output with the timestamp of its event
-time, never the send time; then it writes the state and acknowledges.
+them: a table's changelog partition is the partition of the record that changed it. The
+``Worker`` is fed whole batches by the consumer's batch drain (``agents/drain.py``) rather than
+by a per-event Faust agent (see there why). Per batch it admits each record through the offset
+guard, decodes it (``open_envelope``) and calls ``Processor.handle``; then its ``Checkpoint``
+sends the outputs, each with the timestamp of its event time, never the send time, writes the
+state and the clocks, and acknowledges the inputs, in that order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import logging
 import time
-import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
-from faust.streams import _current_event
 from faust.types import TP
 
 from agents.changelog import DirectTable
@@ -32,11 +30,12 @@ from streams import flow
 from streams.admin import admin_client
 from streams.clients import DeliveryFailed, RecordProducer
 from streams.codec import AvroCodec, RegistryUnavailable
+from streams.emission import Emission
 from streams.envelope import SafeAvroSchema, open_envelope
 from streams.feed import Feed
 from streams.metrics import Metrics
 from streams.offsets import AckOrder, Check, OffsetGuard
-from streams.processor import Emission, Processor, Stores
+from streams.processor import Processor, Stores
 from streams.settings import Settings
 from streams.topics import Topics
 from streams.web import register_web
@@ -119,270 +118,382 @@ async def survive_round(
         failed()
 
 
-def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
-    topics = Topics.from_settings(settings)
-    schema = SafeAvroSchema(codec, {t.name: t.value_types for t in topics.inputs()})
-    source = app.topic(*(t.name for t in topics.inputs()), schema=schema)
-    n = settings.partitions
-    executions = DirectTable(_table(app, "executions", n, packed=True))
-    clocks = DirectTable(_table(app, "partition-clocks", n))
-    stores = Stores(executions=executions, clocks=clocks)
+#: an input record's coordinates: (topic, partition, offset)
+Position = tuple[str, int, int]
 
-    # The group's committed offsets the broker confirmed (``guard.confirmed``), as of the
-    # start of the batch being processed: the processor asks for them for every position an
-    # entry holds, so they are read once per batch. An older value is a lower one, which only
-    # keeps a position longer. Confirmed: read from the broker when a partition is first seen
-    # (``start_guard``), then every commit Faust reports as done; not Faust's own
-    # ``_committed_offset``, which it advances even when a commit failed (a rebalance in
-    # progress). Below a confirmed offset entries forget positions, and the guard skips every
-    # record handed over again (``OffsetGuard.confirm``): processed again, such an input would
-    # be judged a DUPLICATE or AFTER_TERMINAL anomaly.
-    committed_now: dict[tuple[str, int], int | None] = {}
 
-    def start_guard(tp: tuple[str, int], committed_offset: int) -> None:
-        """Where the guard starts a partition: the group's committed offset, or further where
-        the partition's stored clock says every record before was processed and its effect
-        stored (``Processor.acknowledged``), or where a commit this worker saw confirmed
-        stands: the group's offset can be behind those (a commit that failed in a rebalance),
-        and those records, read again, would find entries that may have forgotten their
-        positions."""
-        guard.confirm(tp, committed_offset)
-        through = processor.processed_through(*tp) or 0
-        guard.start(tp, max(committed_offset, through))
+class Checkpoint:
+    """What one batch leaves to make durable, made durable in the order that makes it safe
+    (``commit``):
 
-    def committed(topic: str, partition: int) -> int | None:
-        return committed_now.get((topic, partition))
+    1. the outputs, delivered to the broker;
+    2. then the state that says they were published (execution entries), delivered;
+    3. then the partition clocks, with how far each input is processed, delivered;
+    4. then the inputs acknowledged, so that Faust may commit their offsets.
 
-    processor = Processor.from_settings(
-        settings, topics, stores, write_behind=True, committed=committed
-    )
-    feed = Feed(codec.decode)
-    guard = OffsetGuard()
-    ack_order = AckOrder()
-    metrics = Metrics(processor, lambda: _lag(app), guard)
-    approval_index = register_web(app, processor, feed, settings, metrics)
-    lease = MembershipLease(float(app.conf.broker_session_timeout))
-    #: input position -> (failed batches it was part of the cause of, the last error): a
-    #: record that fails ``VIGIL_MAX_RECORD_FAILURES`` times is quarantined (``quarantine``)
-    failures: dict[tuple[str, int, int], tuple[int, str]] = {}
+    A crash between two steps leaves the earlier ones done and the later ones not: the inputs
+    come again, find their outputs published and their state either stored (skipped as
+    redelivered) or not (applied again, with the same result). Before steps 1 to 3 the worker
+    checks it still owns the batch's partitions (``Worker.still_owner``), and step 4 is
+    skipped after a rebalance: a rebalance in between drops the rest.
+    """
 
-    def failed_on(position: tuple[str, int, int], exc: BaseException) -> None:
-        count = failures.get(position, (0, ""))[0] + 1
-        failures[position] = (count, f"{type(exc).__name__}: {exc}"[:500])
-        if len(failures) > 10_000:  # a memo of recent failures, not state
-            failures.pop(next(iter(failures)))
-        log.warning(
-            "%s[%s]@%s caused a failed batch (%s of %s before it is quarantined): %s",
-            *position,
-            count,
-            settings.max_record_failures,
-            failures[position][1],
+    def __init__(self, worker: Worker, generation: int) -> None:
+        self.worker = worker
+        self.generation = generation
+        #: what the batch's inputs produced, in order
+        self.emissions: list[Emission] = []
+        #: (index of its first emission, input position): which input an output came from
+        self.origins: list[tuple[int, Position]] = []
+        #: the partitions of the batch's inputs: only their clocks are stored
+        self.partitions: set[int] = set()
+        #: the value of each output as sent (step 1), for the feed
+        self.sent: list[bytes] = []
+
+    def origin(self, index: int) -> Position:
+        """The input the ``index``-th emission came from."""
+        return self.origins[bisect.bisect_right(self.origins, index, key=lambda o: o[0]) - 1][1]
+
+    async def commit(self, consumer: Any) -> bool:
+        """The four steps, in order. False, the rest left undone, when the worker no longer
+        owns the batch."""
+        still_owner, generation = self.worker.still_owner, self.generation
+        if self.emissions:
+            if not await still_owner(generation):
+                return False
+            await self.deliver_outputs()
+        if not await still_owner(generation):
+            return False
+        await self.store_state()
+        if not await still_owner(generation):
+            return False
+        ready = await self.store_clocks()
+        if self.worker.generation == generation:
+            # (else a rebalance came during the send: its forget() dropped what would be
+            # acknowledged, and pausing now could pause a partition this worker lost; the
+            # records come again, and the clock, if stored, says they are processed)
+            self.acknowledge(consumer, ready)
+        return True
+
+    async def deliver_outputs(self) -> None:
+        """1. Every output sent, then waited for until the broker has them all. An output
+        refused, before it left or by the broker, counts against the input it came from."""
+        worker = self.worker
+        send, sent = worker.outputs.send_emission, self.sent
+        for i, em in enumerate(self.emissions):
+            try:
+                sent.append(send(em))
+            except Exception as exc:  # refused before it left (too large, unencodable)
+                worker.failed_on(self.origin(i), exc)
+                raise
+        try:
+            await asyncio.to_thread(worker.outputs.flush, 60.0)
+        except DeliveryFailed as exc:
+            index = {
+                (em.topic, value): i
+                for i, (em, value) in enumerate(zip(self.emissions, sent, strict=True))
+            }
+            for topic, value, error in exc.failed:
+                i = index.get((topic, value))
+                if i is not None:
+                    worker.failed_on(self.origin(i), RuntimeError(error))
+            raise
+        worker.approval_index.note(em.record for em in self.emissions)  # ahead of the table
+
+    async def store_state(self) -> None:
+        """2. The execution entries the batch changed, each written to its partition's
+        changelog, delivered."""
+        processor, executions = self.worker.processor, self.worker.executions
+        for p in processor.state.dirty_partitions():
+            with executions.writing_to(p):
+                processor.flush(p)
+        await executions.send(self.worker.app.producer)
+
+    async def store_clocks(self) -> list[Any]:
+        """3. The clocks of the batch's partitions, with how far each input is processed (the
+        records now acknowledged in offset order), delivered. Returns those records."""
+        worker = self.worker
+        processor, ack_order = worker.processor, worker.ack_order
+        for done in processor.drain_done():
+            ack_order.finish(done)
+        ready = ack_order.release()
+        for msg in ready:  # in offset order per partition: the last one is the furthest
+            processor.acknowledged(msg.topic, msg.partition, msg.offset + 1)
+        for p in list(processor.dirty_partitions()):
+            if p in self.partitions:
+                with worker.clocks.writing_to(p):
+                    processor.flush_clocks(p)
+        await worker.clocks.send(worker.app.producer)
+        return ready
+
+    def acknowledge(self, consumer: Any, ready: list[Any]) -> None:
+        """4. The records acknowledged: Faust may commit their offsets. Then the inputs that
+        run ahead are paused (``Worker.hold_back``)."""
+        for msg in ready:
+            consumer.ack(msg)
+        self.worker.hold_back(consumer)
+
+
+class Worker:
+    """The live pipeline of one worker process: its tables, processor, offset guard and
+    producer, the batch steps (``process``: admit, apply, checkpoint) and the rebalance steps
+    (``forget``). Faust's timers, task and signals call into it (``_wire``)."""
+
+    def __init__(self, app: faust.App, settings: Settings, codec: AvroCodec) -> None:
+        self.app = app
+        self.settings = settings
+        self.codec = codec
+        topics = Topics.from_settings(settings)
+        schema = SafeAvroSchema(codec, {t.name: t.value_types for t in topics.inputs()})
+        self.source = app.topic(*(t.name for t in topics.inputs()), schema=schema)
+        n = settings.partitions
+        self.executions = DirectTable(_table(app, "executions", n, packed=True))
+        self.clocks = DirectTable(_table(app, "partition-clocks", n))
+        stores = Stores(executions=self.executions, clocks=self.clocks)
+        # The group's committed offsets the broker confirmed (``guard.confirmed``), as of the
+        # start of the batch being processed: the processor asks for them for every position
+        # an entry holds, so they are read once per batch. An older value is a lower one,
+        # which only keeps a position longer. Confirmed: read from the broker when a partition
+        # is first seen (``start_guard``), then every commit Faust reports as done; not Faust's
+        # own ``_committed_offset``, which it advances even when a commit failed (a rebalance
+        # in progress). Below a confirmed offset entries forget positions, and the guard skips
+        # every record handed over again (``OffsetGuard.confirm``): processed again, such an
+        # input would be judged a DUPLICATE or AFTER_TERMINAL anomaly.
+        self.committed_now: dict[tuple[str, int], int | None] = {}
+        self.processor = Processor.from_settings(
+            settings, topics, stores, write_behind=True, committed=self.committed
+        )
+        self.feed = Feed(codec.decode)
+        self.guard = OffsetGuard()
+        self.ack_order = AckOrder()
+        self.metrics = Metrics(self.processor, lambda: _lag(app), self.guard)
+        self.approval_index = register_web(app, self.processor, self.feed, settings, self.metrics)
+        self.lease = MembershipLease(float(app.conf.broker_session_timeout))
+        #: input position -> (failed batches it was part of the cause of, the last error): a
+        #: record that fails ``VIGIL_MAX_RECORD_FAILURES`` times is quarantined
+        self.failures: dict[Position, tuple[int, str]] = {}
+        #: bumped by every rebalance: a batch, a seek or a write decided in an older
+        #: generation is dropped
+        self.generation = 0
+        self.last_seek: dict[tuple[str, int], float] = {}
+        self.arrived: dict[tuple[str, int], float] = {}
+        self.input_names = {t.name for t in topics.inputs()}
+        self.allowed = {t.name: t.value_types for t in topics.inputs()}
+        # Outputs go through librdkafka (confluent-kafka): a produce call costs a few
+        # microseconds, where aiokafka's send is a coroutine, a future and a callback per
+        # record. Idempotent, acks=all, murmur2 on the key as Java clients and Faust partition.
+        self.outputs = RecordProducer(settings, codec, acks="all")
+        #: input topic partitions this worker paused because they ran ahead (``hold_back``)
+        self.paused: set[Any] = set()
+        self.pace = FetchPace(
+            FetchSizes(
+                settings.fetch_min_bytes, int(settings.fetch_max_wait.total_seconds() * 1000)
+            ),
+            full=settings.batch_size,
+        )
+        #: the fetcher the current fetch sizes were set on
+        self.paced: Any = None
+        self.drain = BatchDrain(
+            self.input_names,
+            lambda: self.generation,
+            batch_size=settings.batch_size,
+            batch_wait=settings.batch_wait.total_seconds(),
+        )
+        self._wire()
+
+    def _wire(self) -> None:
+        """Faust's side: the input topics subscribed (their records come from the batch drain,
+        ``agents/drain.py``, not through Faust's per-event stream), the timers, the task and
+        the rebalance signals."""
+        app, settings, metrics = self.app, self.settings, self.metrics
+        app.topics.add(self.source)
+        _install_drain(
+            app,
+            self.drain,
+            settings.fetch_min_bytes,
+            int(settings.fetch_max_wait.total_seconds() * 1000),
+            self.lease,
         )
 
-    async def still_owner(generation: int) -> bool:
+        @app.timer(interval=2.0)
+        async def watchdog() -> None:
+            """``look_for_stalls``, never raising: an exception in a Faust timer crashes the
+            app, and a worker must not die of a rebalance or a broker hiccup met on the way.
+            The next round, two seconds later, looks again."""
+            await survive_round("the watchdog", self.look_for_stalls, metrics.watchdog_failures.inc)
+
+        @app.timer(interval=settings.state_gauges_interval.total_seconds())
+        async def count_state() -> None:
+            """The open-work gauges, counted in a worker thread (``streams/state_gauges.py``)."""
+            await survive_round(
+                "the state gauges",
+                lambda: metrics.gauges.refresh(self.executions),
+                metrics.watchdog_failures.inc,
+            )
+
+        @app.task
+        async def pipeline() -> None:
+            await self.run()
+
+        @app.on_partitions_revoked.connect
+        async def _revoked(app: faust.App, revoked: Any, **_: Any) -> None:
+            self.rebalanced()
+
+        @app.on_partitions_assigned.connect
+        async def _assigned(app: faust.App, assigned: Any, **_: Any) -> None:
+            self.lease.renew()  # the group has just been joined: membership is proven now
+            self.rebalanced()
+
+    # -- rebalance steps ------------------------------------------------------------------
+    def rebalanced(self) -> None:
+        """A new generation: whatever was fetched, held or written for the old one is
+        dropped; its records come again to the partitions' owners."""
+        self.generation += 1
+        self.drain.clear()
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop everything a batch in progress did that is not yet on the broker."""
+        self.processor.forget_partitions()
+        self.executions.discard()
+        self.clocks.discard()
+        self.guard.reset()
+        self.ack_order.reset()
+        consumer = getattr(self.app, "consumer", None)
+        if self.paused and consumer is not None:
+            # nothing is held any more; aiokafka raises for a partition no longer assigned
+            held = [tp for tp in self.paused if tp in consumer.assignment()]
+            if held:
+                consumer.resume_partitions(held)
+        self.paused.clear()
+
+    async def still_owner(self, generation: int) -> bool:
         """Whether this worker may still write for the batch fetched in ``generation``: no
         rebalance since, and a membership lease that has not run out (``agents/lease.py``).
         A worker that was stopped past its session waits here until a heartbeat proves it a
         member again, or the rebalance that took its partitions arrives."""
+        lease = self.lease
         if lease.valid():
-            return rebalances[0] == generation
-        metrics.lease_waits.inc()
+            return self.generation == generation
+        self.metrics.lease_waits.inc()
         log.warning(
             "membership unproven for %.1f s: holding the batch",
             lease.clock() - (lease.proven_at or 0),
         )
         while not lease.valid():
-            if rebalances[0] != generation:
+            if self.generation != generation:
                 return False
             await asyncio.sleep(0.05)
-        return rebalances[0] == generation
+        return self.generation == generation
 
-    app.vigil_processor = processor  # type: ignore[attr-defined]
-    rebalances = [0]
-    last_seek: dict[tuple[str, int], float] = {}
-    arrived: dict[tuple[str, int], float] = {}
-    input_names = {t.name for t in topics.inputs()}
-
-    # Outputs go through librdkafka (confluent-kafka): a produce call costs a few
-    # microseconds, where aiokafka's send is a coroutine, a future and a callback per record.
-    # Idempotent, acks=all, murmur2 on the key as Java clients and Faust partition.
-    outputs = RecordProducer(settings, codec, acks="all")
-
-    send = outputs.send_emission
-
-    async def delivered() -> None:
-        """Wait until the broker has every output sent so far (raises if one failed)."""
-        await asyncio.to_thread(outputs.flush, 60.0)
-
-    async def admit(msg: Any, generation: int) -> bool:
-        """The offset guard: whether to process ``msg`` (see ``streams/offsets.py``)."""
-        tp = (msg.topic, msg.partition)
-        arrived[tp] = time.monotonic()
-        if not guard.knows(tp):
-            start = await asyncio.to_thread(_committed_offsets, settings, [tp])
-            if not guard.knows(tp):
-                start_guard(tp, start[tp])
-        check = guard.check(tp, msg.offset, retry=time.monotonic() - last_seek.get(tp, 0) > 1)
-        if check in (Check.NEXT, Check.AGAIN):
-            return True
-        if check is Check.COMMITTED:
-            # acknowledged in offset order with the rest, so that Faust, which commits only a
-            # run of acknowledged offsets from its committed one, goes on committing
-            ack_order.admit(tp, msg.offset, msg)
-            ack_order.finish(msg)
-            return False
-        if check is Check.HOLE:
-            log.error("offsets %s..%s of %s were never delivered: accepted", *tp, msg.offset)
-            return True
-        if check is Check.SEEK:
-            earliest = await asyncio.to_thread(_earliest_offset, settings, tp)
-            if guard.give_up(tp, earliest):
-                log.error("%s[%s]: offsets below %s were deleted before processing", *tp, earliest)
-                if guard.check(tp, msg.offset, retry=True) in (Check.NEXT, Check.AGAIN):
-                    return True
-            want = guard.expected[tp]
-            log.warning(
-                "%s[%s]: handed offset %s while %s was next; seeking back", *tp, msg.offset, want
-            )
-            await seek(msg.tp, want, generation)
-        return False
-
-    async def seek(tp: Any, offset: int, generation: int) -> bool:
-        last_seek[(tp.topic, tp.partition)] = time.monotonic()
-        gaps = getattr(app.consumer, "_gap", None)
-        if gaps is not None and tp in gaps:
-            gaps[tp].clear()  # the skipped offsets are not acknowledged: they come again
-        return await seek_in_consumer_thread(
-            app.consumer, tp, offset, lambda: rebalances[0] == generation
-        )
-
-    @app.timer(interval=2.0)
-    async def watchdog() -> None:
-        """``look_for_stalls``, never raising: an exception in a Faust timer crashes the app,
-        and a worker must not die of a rebalance or a broker hiccup met on the way. The next
-        round, two seconds later, looks again."""
-        await survive_round("the watchdog", look_for_stalls, metrics.watchdog_failures.inc)
-
-    async def look_for_stalls() -> None:
-        """Records that are on the log but never come. The guard only sees a skip when a later
-        record arrives; at the end of a stream, or when a rebalance made the worker drop a batch
-        it had not acknowledged, nothing later may come. Every 2 s, a partition with nothing
-        fetched or handed over for 3 s whose log ends past the next expected offset is sought
-        back, but only while no batch is queued or in progress: under a backlog a partition can
-        wait its turn longer than that, and seeking it back would read it twice."""
-        consumer = getattr(app, "consumer", None)
-        if consumer is None:
-            return
-        if drain.busy():
-            return  # records are on their way: a backlog, not a stall
-        generation = rebalances[0]
-        now = time.monotonic()
-        fetched = drain.fetched_at
-        idle = [
-            tp
-            for tp in consumer.assignment()
-            if tp.topic in input_names
-            and tp not in paused  # not fetched on purpose (hold_back)
-            and now
-            - max(
-                arrived.get(tp, 0.0),
-                fetched.get((tp.topic, tp.partition), 0.0),
-                last_seek.get(tp, 0.0),
-            )
-            > 3.0
-        ]
-        if not idle:
-            return
-        ends = await consumer.highwaters(*idle)
-        unknown = [(tp.topic, tp.partition) for tp in idle if not guard.knows(tp)]
-        starts = await asyncio.to_thread(_committed_offsets, settings, unknown) if unknown else {}
-        if rebalances[0] != generation:
-            return
-        for key, offset in starts.items():
-            if not guard.knows(key):
-                start_guard(key, offset)
-        for tp in idle:
-            if rebalances[0] != generation:
-                return  # the seeks below would be for partitions that may have moved
-            want = guard.expected.get((tp.topic, tp.partition))
-            end = ends.get(tp)
-            if want is not None and end is not None and end > want:
-                log.warning(
-                    "%s[%s]: records %s..%s wait on the log, none came; seeking back",
-                    tp.topic,
-                    tp.partition,
-                    want,
-                    end - 1,
+    # -- batch steps ----------------------------------------------------------------------
+    async def run(self) -> None:
+        """Every batch the drain hands over, processed; a failed batch is forgotten and read
+        again. Acknowledgement is manual: a record held until the watermark passes its time is
+        not acknowledged, so its offset is not committed, and after a crash or a rebalance
+        Kafka delivers it again. A record is acknowledged only once processed, its outputs
+        delivered and the state that reflects it written."""
+        settings = self.settings
+        async for generation, batch in self.drain.batches():
+            self.pace_fetch(len(batch))
+            counted = self.processor.counters.snapshot()
+            try:
+                await self.process(generation, batch)
+            except asyncio.CancelledError:
+                raise
+            except RegistryUnavailable as exc:
+                # Not the records' fault: the registry could not be asked, while decoding
+                # (before anything of the batch is published or acknowledged) or registering
+                # an output schema. Forget the batch, wait (capped exponential backoff; warned,
+                # counted, an error if it lasts), and its records are read again.
+                self.forget()
+                self.processor.counters = counted
+                self.metrics.registry_unavailable.inc()
+                await asyncio.sleep(
+                    self.codec.outage.pause(
+                        exc, settings.registry_outage_alert, settings.registry_retry_max
+                    )
                 )
-                if await seek(tp, want, generation):
-                    guard.seeks += 1
+            except Exception:
+                # Never silently: the batch is not acknowledged, so forget what it did to the
+                # state; the watchdog seeks back to the first unacknowledged record.
+                log.exception("batch of %s records failed; it will be read again", len(batch))
+                self.metrics.batch_failures.inc()
+                self.forget()
+                self.processor.counters = counted
+            del batch  # not kept, decoded, while the next batch is awaited
 
-    @app.timer(interval=settings.state_gauges_interval.total_seconds())
-    async def count_state() -> None:
-        """The open-work gauges, counted in a worker thread (``streams/state_gauges.py``)."""
-        await survive_round(
-            "the state gauges",
-            lambda: metrics.gauges.refresh(executions),
-            metrics.watchdog_failures.inc,
-        )
-
-    @contextlib.contextmanager
-    def in_partition(message: Any) -> Iterator[None]:
-        # A Faust table writes to the changelog partition of the event being processed.
-        at = _At(message)
-        token = _current_event.set(weakref.ref(at))
-        try:
-            yield
-        finally:
-            _current_event.reset(token)
-
-    allowed = {t.name: t.value_types for t in topics.inputs()}
-
-    async def process(generation: int, batch: list[Any]) -> None:
-        if generation != rebalances[0]:
+    async def process(self, generation: int, batch: list[Any]) -> None:
+        """One batch: its guard starts and schemas looked up, its records applied, then its
+        checkpoint committed."""
+        if generation != self.generation:
             return  # fetched before a rebalance: it comes again to the partition's owner
-        consumer = app.consumer
-        committed_now.clear()
-        committed_now.update(guard.confirmed)
-        watch_commits(consumer, guard.confirm)
+        consumer = self.app.consumer
+        self.committed_now.clear()
+        self.committed_now.update(self.guard.confirmed)
+        watch_commits(consumer, self.guard.confirm)
         assignment = consumer.assignment()
-        # where the guard starts: the committed offsets of the partitions it has not seen yet,
-        # asked in one request (one request per partition cost seconds after a rebalance)
+        if not await self.prepare(generation, batch, assignment):
+            return
+        checkpoint = Checkpoint(self, generation)
+        if not await self.apply(checkpoint, batch, assignment):
+            return
+        if not await checkpoint.commit(consumer):
+            return
+        if checkpoint.emissions:
+            self.feed.publish(
+                (em.record, em.topic, value)
+                for em, value in zip(checkpoint.emissions, checkpoint.sent, strict=True)
+            )
+            now = time.time()
+            for msg in batch:
+                if msg.timestamp:
+                    self.metrics.latency.observe(max(0.0, now - msg.timestamp))
+
+    async def prepare(self, generation: int, batch: list[Any], assignment: Any) -> bool:
+        """What the batch needs from the broker and the registry, asked in threads, not on the
+        event loop: the committed offsets of the partitions the guard has not seen yet (in
+        one request: one per partition cost seconds after a rebalance) and the schemas not
+        seen yet. False if a rebalance came meanwhile."""
+        guard = self.guard
         unknown = [
             key
             for key in {(m.topic, m.partition) for m in batch if m.tp in assignment}
             if not guard.knows(key)
         ]
         if unknown:
-            starts = await asyncio.to_thread(_committed_offsets, settings, unknown)
-            if rebalances[0] != generation:
-                return
+            starts = await asyncio.to_thread(_committed_offsets, self.settings, unknown)
+            if self.generation != generation:
+                return False
             for key, offset in starts.items():
                 if not guard.knows(key):
-                    start_guard(key, offset)
-        # schemas not seen yet are asked of the registry in a thread, not on the event loop
-        unseen = codec.unseen_schema_ids(m.value for m in batch)
+                    self.start_guard(key, offset)
+        unseen = self.codec.unseen_schema_ids(m.value for m in batch)
         if unseen:
-            await asyncio.to_thread(codec.look_up, unseen)
-            if rebalances[0] != generation:
-                return
-        emissions: list[Emission] = []
-        #: (index of its first emission, input record): to tell which input an output came from
-        origins: list[tuple[int, Any]] = []
-        last: dict[int, Any] = {}
+            await asyncio.to_thread(self.codec.look_up, unseen)
+            if self.generation != generation:
+                return False
+        return True
+
+    async def apply(self, checkpoint: Checkpoint, batch: list[Any], assignment: Any) -> bool:
+        """Every admitted record of the batch decoded and handed to the processor, its outputs
+        gathered in ``checkpoint``; a record that failed too many batches is quarantined
+        instead. False if a rebalance came meanwhile (this batch's state was dropped)."""
+        processor, failures, generation = self.processor, self.failures, checkpoint.generation
+        emissions, origins = checkpoint.emissions, checkpoint.origins
         handle = processor.handle
-        limit = settings.max_record_failures
+        limit = self.settings.max_record_failures
         for msg in batch:
-            if msg.tp not in assignment or not await admit(msg, generation):
+            if msg.tp not in assignment or not await self.admit(msg, generation):
                 continue
-            if rebalances[0] != generation:
-                return  # forget_partitions dropped this batch's state: it comes again
-            ack_order.admit((msg.topic, msg.partition), msg.offset, msg)
-            last[msg.partition] = msg
+            if self.generation != generation:
+                return False  # forget_partitions dropped this batch's state: it comes again
+            self.ack_order.admit((msg.topic, msg.partition), msg.offset, msg)
+            checkpoint.partitions.add(msg.partition)
             ts = msg.timestamp
             env = open_envelope(
-                codec,
-                allowed,
+                self.codec,
+                self.allowed,
                 msg.topic,
                 msg.partition,
                 msg.offset,
@@ -408,101 +519,34 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
                 culprit = processor.applying  # the input being applied when it raised
                 if culprit is not None:
                     position = (culprit.topic, culprit.partition, culprit.offset)
-                failed_on(position, exc)
+                self.failed_on(position, exc)
                 raise
+        return True
 
-        def origin(index: int) -> tuple[str, int, int]:
-            return origins[bisect.bisect_right(origins, index, key=lambda o: o[0]) - 1][1]
+    def failed_on(self, position: Position, exc: BaseException) -> None:
+        failures = self.failures
+        count = failures.get(position, (0, ""))[0] + 1
+        failures[position] = (count, f"{type(exc).__name__}: {exc}"[:500])
+        if len(failures) > 10_000:  # a memo of recent failures, not state
+            failures.pop(next(iter(failures)))
+        log.warning(
+            "%s[%s]@%s caused a failed batch (%s of %s before it is quarantined): %s",
+            *position,
+            count,
+            self.settings.max_record_failures,
+            failures[position][1],
+        )
 
-        # 1. the outputs, delivered
-        sent: list[bytes] = []
-        if emissions:
-            if not await still_owner(generation):
-                return
-            for i, em in enumerate(emissions):
-                try:
-                    sent.append(send(em))
-                except Exception as exc:  # refused before it left (too large, unencodable)
-                    failed_on(origin(i), exc)
-                    raise
-            try:
-                await delivered()
-            except DeliveryFailed as exc:
-                index = {
-                    (em.topic, value): i
-                    for i, (em, value) in enumerate(zip(emissions, sent, strict=True))
-                }
-                for topic, value, error in exc.failed:
-                    i = index.get((topic, value))
-                    if i is not None:
-                        failed_on(origin(i), RuntimeError(error))
-                raise
-            approval_index.note(em.record for em in emissions)  # ahead of the table: harmless
-        if not await still_owner(generation):
-            return
-        # 2. then the state that says they were published, delivered
-        for p in processor.state.dirty_partitions():
-            with in_partition(last[p]):
-                processor.flush(p)
-        await executions.send(app.producer)
-        if not await still_owner(generation):
-            return
-        # 3. then the clocks, with how far each input is processed, and the inputs may be
-        # committed
-        for done in processor.drain_done():
-            ack_order.finish(done)
-        ready = ack_order.release()
-        for msg in ready:  # in offset order per partition: the last one is the furthest
-            processor.acknowledged(msg.topic, msg.partition, msg.offset + 1)
-        for p in list(processor.dirty_partitions()):
-            if p in last:
-                with in_partition(last[p]):
-                    processor.flush_clocks(p)
-        await clocks.send(app.producer)
-        if rebalances[0] == generation:
-            # (else a rebalance came during the send: its forget() dropped what would be
-            # acknowledged, and pausing now could pause a partition this worker lost; the
-            # records come again, and the clock, if stored, says they are processed)
-            for msg in ready:
-                consumer.ack(msg)
-            hold_back(consumer)
-        if emissions:
-            feed.publish(
-                (em.record, em.topic, value) for em, value in zip(emissions, sent, strict=True)
-            )
-            now = time.time()
-            for msg in batch:
-                if msg.timestamp:
-                    metrics.latency.observe(max(0.0, now - msg.timestamp))
-
-    # The input topics are subscribed like an agent's, but their records come from the
-    # batch drain (agents/drain.py), not through Faust's per-event stream.
-    app.topics.add(source)
-    drain = BatchDrain(
-        input_names,
-        lambda: rebalances[0],
-        batch_size=settings.batch_size,
-        batch_wait=settings.batch_wait.total_seconds(),
-    )
-    _install_drain(
-        app,
-        drain,
-        settings.fetch_min_bytes,
-        int(settings.fetch_max_wait.total_seconds() * 1000),
-        lease,
-    )
-
-    #: input topic partitions this worker paused because they ran ahead (``hold_back``)
-    paused: set[Any] = set()
-
-    def hold_back(consumer: Any) -> None:
+    # -- flow -----------------------------------------------------------------------------
+    def hold_back(self, consumer: Any) -> None:
         """Stop reading input topic partitions that run ahead in event time, read them again
         when their waiting events drain (``streams/flow.py``)."""
+        processor, paused, metrics = self.processor, self.paused, self.metrics
         pause, resume = flow.hold_back(
             processor.held_by,
             ((tp.topic, tp.partition) for tp in paused),
             processor.held_ahead,
-            settings.max_held,
+            self.settings.max_held,
         )
         if pause:
             tps = [TP(topic, partition) for topic, partition in pause]
@@ -515,99 +559,139 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
             paused.difference_update(tps)
         metrics.held.set(processor.held())
 
-    def forget() -> None:
-        """Drop everything a batch in progress did that is not yet on the broker."""
-        processor.forget_partitions()
-        executions.discard()
-        clocks.discard()
-        guard.reset()
-        ack_order.reset()
-        consumer = getattr(app, "consumer", None)
-        if paused and consumer is not None:
-            # nothing is held any more; aiokafka raises for a partition no longer assigned
-            held = [tp for tp in paused if tp in consumer.assignment()]
-            if held:
-                consumer.resume_partitions(held)
-        paused.clear()
-
-    pace = FetchPace(
-        FetchSizes(settings.fetch_min_bytes, int(settings.fetch_max_wait.total_seconds() * 1000)),
-        full=settings.batch_size,
-    )
-    paced: list[Any] = [None]  # the fetcher the current sizes were set on
-
-    def pace_fetch(records: int) -> None:
+    def pace_fetch(self, records: int) -> None:
         """Eager fetches under a backlog, patient ones once caught up (agents/fetch_pace.py).
         Never raises: it runs in the pipeline task, whose exception would stop the worker."""
         try:
-            change = pace.after_batch(records)
-            fetcher = running_fetcher(app.consumer)
-            if fetcher is not paced[0]:
-                change = pace.sizes  # a new fetcher starts patient (tune_fetch)
+            change = self.pace.after_batch(records)
+            fetcher = running_fetcher(self.app.consumer)
+            if fetcher is not self.paced:
+                change = self.pace.sizes  # a new fetcher starts patient (tune_fetch)
             if change is not None and apply_sizes(fetcher, change):
-                paced[0] = fetcher
-                metrics.fetch_eager.set(1 if pace.eager else 0)
+                self.paced = fetcher
+                self.metrics.fetch_eager.set(1 if self.pace.eager else 0)
         except Exception:  # the sizes are an optimisation: the worker goes on without them
             log.warning("could not set the fetch sizes", exc_info=True)
 
-    @app.task
-    async def pipeline() -> None:
-        # Manual acknowledgement: a record held until the watermark passes its time is not
-        # acknowledged, so its offset is not committed, and after a crash or a rebalance
-        # Kafka delivers it again. Acknowledged only once processed, its outputs delivered
-        # and the state that reflects it written.
-        async for generation, batch in drain.batches():
-            pace_fetch(len(batch))
-            counted = processor.counters.snapshot()
-            try:
-                await process(generation, batch)
-            except asyncio.CancelledError:
-                raise
-            except RegistryUnavailable as exc:
-                # Not the records' fault: the registry could not be asked, while decoding
-                # (before anything of the batch is published or acknowledged) or registering
-                # an output schema. Forget the batch, wait (capped exponential backoff; warned,
-                # counted, an error if it lasts), and its records are read again.
-                forget()
-                processor.counters = counted
-                metrics.registry_unavailable.inc()
-                await asyncio.sleep(
-                    codec.outage.pause(
-                        exc, settings.registry_outage_alert, settings.registry_retry_max
-                    )
+    # -- offsets --------------------------------------------------------------------------
+    def committed(self, topic: str, partition: int) -> int | None:
+        return self.committed_now.get((topic, partition))
+
+    def start_guard(self, tp: tuple[str, int], committed_offset: int) -> None:
+        """Where the guard starts a partition: the group's committed offset, or further where
+        the partition's stored clock says every record before was processed and its effect
+        stored (``Processor.acknowledged``), or where a commit this worker saw confirmed
+        stands: the group's offset can be behind those (a commit that failed in a rebalance),
+        and those records, read again, would find entries that may have forgotten their
+        positions."""
+        self.guard.confirm(tp, committed_offset)
+        through = self.processor.processed_through(*tp) or 0
+        self.guard.start(tp, max(committed_offset, through))
+
+    async def admit(self, msg: Any, generation: int) -> bool:
+        """The offset guard: whether to process ``msg`` (see ``streams/offsets.py``)."""
+        guard, settings = self.guard, self.settings
+        tp = (msg.topic, msg.partition)
+        self.arrived[tp] = time.monotonic()
+        if not guard.knows(tp):
+            start = await asyncio.to_thread(_committed_offsets, settings, [tp])
+            if not guard.knows(tp):
+                self.start_guard(tp, start[tp])
+        check = guard.check(tp, msg.offset, retry=time.monotonic() - self.last_seek.get(tp, 0) > 1)
+        if check in (Check.NEXT, Check.AGAIN):
+            return True
+        if check is Check.COMMITTED:
+            # acknowledged in offset order with the rest, so that Faust, which commits only a
+            # run of acknowledged offsets from its committed one, goes on committing
+            self.ack_order.admit(tp, msg.offset, msg)
+            self.ack_order.finish(msg)
+            return False
+        if check is Check.HOLE:
+            log.error("offsets %s..%s of %s were never delivered: accepted", *tp, msg.offset)
+            return True
+        if check is Check.SEEK:
+            earliest = await asyncio.to_thread(_earliest_offset, settings, tp)
+            if guard.give_up(tp, earliest):
+                log.error("%s[%s]: offsets below %s were deleted before processing", *tp, earliest)
+                if guard.check(tp, msg.offset, retry=True) in (Check.NEXT, Check.AGAIN):
+                    return True
+            want = guard.expected[tp]
+            log.warning(
+                "%s[%s]: handed offset %s while %s was next; seeking back", *tp, msg.offset, want
+            )
+            await self.seek(msg.tp, want, generation)
+        return False
+
+    async def seek(self, tp: Any, offset: int, generation: int) -> bool:
+        self.last_seek[(tp.topic, tp.partition)] = time.monotonic()
+        gaps = getattr(self.app.consumer, "_gap", None)
+        if gaps is not None and tp in gaps:
+            gaps[tp].clear()  # the skipped offsets are not acknowledged: they come again
+        return await seek_in_consumer_thread(
+            self.app.consumer, tp, offset, lambda: self.generation == generation
+        )
+
+    async def look_for_stalls(self) -> None:
+        """Records that are on the log but never come. The guard only sees a skip when a later
+        record arrives; at the end of a stream, or when a rebalance made the worker drop a batch
+        it had not acknowledged, nothing later may come. Every 2 s, a partition with nothing
+        fetched or handed over for 3 s whose log ends past the next expected offset is sought
+        back, but only while no batch is queued or in progress: under a backlog a partition can
+        wait its turn longer than that, and seeking it back would read it twice."""
+        consumer = getattr(self.app, "consumer", None)
+        if consumer is None:
+            return
+        if self.drain.busy():
+            return  # records are on their way: a backlog, not a stall
+        guard = self.guard
+        generation = self.generation
+        now = time.monotonic()
+        fetched = self.drain.fetched_at
+        idle = [
+            tp
+            for tp in consumer.assignment()
+            if tp.topic in self.input_names
+            and tp not in self.paused  # not fetched on purpose (hold_back)
+            and now
+            - max(
+                self.arrived.get(tp, 0.0),
+                fetched.get((tp.topic, tp.partition), 0.0),
+                self.last_seek.get(tp, 0.0),
+            )
+            > 3.0
+        ]
+        if not idle:
+            return
+        ends = await consumer.highwaters(*idle)
+        unknown = [(tp.topic, tp.partition) for tp in idle if not guard.knows(tp)]
+        starts = (
+            await asyncio.to_thread(_committed_offsets, self.settings, unknown) if unknown else {}
+        )
+        if self.generation != generation:
+            return
+        for key, offset in starts.items():
+            if not guard.knows(key):
+                self.start_guard(key, offset)
+        for tp in idle:
+            if self.generation != generation:
+                return  # the seeks below would be for partitions that may have moved
+            want = guard.expected.get((tp.topic, tp.partition))
+            end = ends.get(tp)
+            if want is not None and end is not None and end > want:
+                log.warning(
+                    "%s[%s]: records %s..%s wait on the log, none came; seeking back",
+                    tp.topic,
+                    tp.partition,
+                    want,
+                    end - 1,
                 )
-            except Exception:
-                # Never silently: the batch is not acknowledged, so forget what it did to the
-                # state; the watchdog seeks back to the first unacknowledged record.
-                log.exception("batch of %s records failed; it will be read again", len(batch))
-                metrics.batch_failures.inc()
-                forget()
-                processor.counters = counted
-            del batch  # not kept, decoded, while the next batch is awaited
-
-    @app.on_partitions_revoked.connect
-    async def _revoked(app: faust.App, revoked: Any, **_: Any) -> None:
-        rebalances[0] += 1
-        drain.clear()
-        forget()
-
-    @app.on_partitions_assigned.connect
-    async def _assigned(app: faust.App, assigned: Any, **_: Any) -> None:
-        rebalances[0] += 1
-        lease.renew()  # the group has just been joined: membership is proven now
-        drain.clear()
-        forget()
-
-    return processor
+                if await self.seek(tp, want, generation):
+                    guard.seeks += 1
 
 
-class _At:
-    """What a Faust table asks of "the event being processed": its message's partition."""
-
-    __slots__ = ("__weakref__", "message")
-
-    def __init__(self, message: Any) -> None:
-        self.message = message
+def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
+    """The worker's pipeline on ``app``; returns its processor."""
+    return Worker(app, settings, codec).processor
 
 
 def _install_drain(
