@@ -209,12 +209,6 @@ def test_one_worker_killed_at_random_points_while_draining(cluster, tmp_path: Pa
     check(got, b.expected)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open (issue 17): with two workers killed ten times under a backlog, about one run in "
-    "two still re-judges a few inputs already applied (2 to 48 records of ~130,000: DUPLICATE or "
-    "AFTER_TERMINAL anomalies and their alerts); nothing is missing and no other output differs",
-)
 def test_either_of_two_workers_killed_at_random_points(cluster, tmp_path: Path) -> None:
     """Two workers share the backlog; ten times one of them, chosen at random, is killed -9 at
     a random point (``kill_points``) and restarted on its own data dir, while the other goes
