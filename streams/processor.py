@@ -33,7 +33,7 @@ from streams.core import trace
 from streams.core.alerts import anomaly_alert, verdict_alerts
 from streams.core.bounds import out_of_domain
 from streams.core.clock import PartitionClock
-from streams.core.execution import Execution, Orphan, Refusal, Rules, Step, Verdict
+from streams.core.execution import UNLOADED, Execution, Orphan, Refusal, Rules, Step, Verdict
 from streams.core.findings import AnomalyFinding
 from streams.emission import Emission
 from streams.emitter import (
@@ -355,13 +355,18 @@ class Processor:
 
     def _build(self, execution_id: str) -> Execution:
         load = self.state.load
+
+        def book(name: str) -> Any:
+            return load(execution_id, name, _PARSE[name])
+
         return Execution(
             execution_id,
             self.rules,
             load(execution_id, "inflight", _in_flight),
             load(execution_id, "closed", _closed),
-            load(execution_id, "operations", ops.OperationBook.model_validate_json),
-            load(execution_id, "approvals", ap.ApprovalBook.model_validate_json),
+            UNLOADED,
+            UNLOADED,
+            book,
         )
 
     def _store(self, execution: Execution) -> None:
@@ -526,6 +531,12 @@ def _dump_json_lean(model: Any) -> str:
     sixth smaller (memory per in-flight execution, BENCHMARKS.md)."""
     return model.model_dump_json(exclude_none=True)  # type: ignore[no-any-return]
 
+
+#: How each book of an execution is read from its entry.
+_PARSE: dict[str, Callable[[str], Any]] = {
+    "operations": ops.OperationBook.model_validate_json,
+    "approvals": ap.ApprovalBook.model_validate_json,
+}
 
 #: How each part of an execution is written into its entry.
 _DUMP: dict[str, Callable[[Any], str]] = {

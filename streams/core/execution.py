@@ -108,6 +108,9 @@ class Snapshot:
     approvals: ap.ApprovalBook | None
 
 
+#: A book not decoded yet (``Execution``'s ``load`` decodes it when first needed).
+UNLOADED = object()
+
 #: Which part of the aggregate each name in ``Execution.changed`` is.
 PARTS = ("inflight", "closed", "operations", "approvals")
 
@@ -118,12 +121,13 @@ class Execution:
     the parts a call replaced, so that only those are written again."""
 
     __slots__ = (
-        "approvals",
+        "_approvals",
+        "_load",
+        "_operations",
         "changed",
         "closed",
         "execution_id",
         "inflight",
-        "operations",
         "rules",
     )
 
@@ -133,16 +137,43 @@ class Execution:
         rules: Rules,
         inflight: ex.InFlight | None = None,
         closed: ex.Closed | None = None,
-        operations: ops.OperationBook | None = None,
-        approvals: ap.ApprovalBook | None = None,
+        operations: ops.OperationBook | object | None = None,
+        approvals: ap.ApprovalBook | object | None = None,
+        load: Callable[[str], Any] | None = None,
     ) -> None:
+        """``operations`` and ``approvals`` may be ``UNLOADED``: ``load(name)`` then gives
+        the book when it is first needed. Most inputs are statuses, which need neither, and
+        decoding a book costs more than applying a status."""
         self.execution_id = execution_id
         self.rules = rules
         self.inflight = inflight
         self.closed = closed
-        self.operations = operations
-        self.approvals = approvals
+        self._operations = operations
+        self._approvals = approvals
+        self._load = load
         self.changed: set[str] = set()
+
+    @property
+    def operations(self) -> ops.OperationBook | None:
+        book = self._operations
+        if book is UNLOADED:
+            book = self._operations = self._load("operations")  # type: ignore[misc]
+        return book  # type: ignore[return-value]
+
+    @operations.setter
+    def operations(self, book: ops.OperationBook | None) -> None:
+        self._operations = book
+
+    @property
+    def approvals(self) -> ap.ApprovalBook | None:
+        book = self._approvals
+        if book is UNLOADED:
+            book = self._approvals = self._load("approvals")  # type: ignore[misc]
+        return book  # type: ignore[return-value]
+
+    @approvals.setter
+    def approvals(self, book: ap.ApprovalBook | None) -> None:
+        self._approvals = book
 
     def snapshot(self) -> Snapshot:
         return Snapshot(self.inflight, self.closed, self.operations, self.approvals)
