@@ -71,10 +71,9 @@ async def seek_in_consumer_thread(
 
     Why the thread: Faust's ``Consumer.seek`` calls aiokafka's ``seek`` from the caller's
     thread, and that drops the partition's prefetched records from the fetcher while the
-    consumer thread may be iterating over them in ``fetched_records``. Under load that raced:
-    the fetcher died of a ``KeyError`` and took the worker with it (two workers, 100,000
-    executions, BENCHMARKS.md step 5). Queued on the consumer thread, the seek runs between
-    two fetches.
+    consumer thread may be iterating over them in ``fetched_records``: the fetcher can die of
+    a ``KeyError`` and take the worker with it. Queued on the consumer thread, the seek runs
+    between two fetches.
 
     Why the check: the caller decided to seek before an ``await``; a rebalance may have taken
     the partition away since, and aiokafka raises ``IllegalStateError`` for a partition it no
@@ -453,7 +452,7 @@ class Worker:
     async def prepare(self, generation: int, batch: list[Any], assignment: Any) -> bool:
         """What the batch needs from the broker and the registry, asked in threads, not on the
         event loop: the committed offsets of the partitions the guard has not seen yet (in
-        one request: one per partition cost seconds after a rebalance) and the schemas not
+        one request: one per partition takes seconds after a rebalance) and the schemas not
         seen yet. False if a rebalance came meanwhile."""
         guard = self.guard
         unknown = [

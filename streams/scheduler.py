@@ -32,7 +32,7 @@ ONE_MS = timedelta(milliseconds=1)
 def epoch_ms(t: datetime) -> int:
     """Epoch milliseconds, exactly: ``int(t.timestamp() * 1000)`` goes through a float and
     gives the millisecond before for some times, and a deadline scheduled a millisecond early
-    was judged short of itself and scheduled again, for ever."""
+    would be judged short of itself and scheduled again, for ever."""
     return (t - EPOCH) // ONE_MS
 
 
