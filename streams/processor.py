@@ -292,7 +292,7 @@ class Processor:
                 self.counters.redelivered += 1
                 if not isinstance(record, ev.ExecutionStatusChanged | ev.OperationEvent):
                     # its judgement is due at its own time, as when it was first applied
-                    self._schedule(execution_id, record.occurred_at)  # type: ignore[attr-defined]
+                    self._schedule(execution_id, epoch_ms(record.occurred_at))  # type: ignore[attr-defined]
                 return
             self.state.mark_applied(execution_id, position, self._committed_by_rank)
         self._on_input(env, record, out)
@@ -382,7 +382,7 @@ class Processor:
         self._store(execution)
         self._publish(execution.execution_id, step, out, env, record)
 
-    def _advance_key(self, execution_id: str, horizon: datetime, out: list[Emission]) -> None:
+    def _advance_key(self, execution_id: str, horizon: int, out: list[Emission]) -> None:
         execution = self._execution(execution_id)
         step = execution.advance(horizon)
         self._store(execution)
@@ -420,8 +420,8 @@ class Processor:
             self._schedule(execution_id, due)
 
     # -- timers and stream time ------------------------------------------------------------
-    def _schedule(self, execution_id: str, due: datetime) -> None:
-        self.scheduler.schedule(self.partition_of(execution_id), epoch_ms(due), execution_id)
+    def _schedule(self, execution_id: str, due: int) -> None:
+        self.scheduler.schedule(self.partition_of(execution_id), due, execution_id)
 
     def _timers(self, partition: int) -> Timers:
         """The partition's due times as its tables say (``Scheduler.index``): each stored
@@ -437,7 +437,7 @@ class Processor:
                 self.rules,
                 *(None if text is None else parse(text) for text, parse in _parts(entry)),
             )
-            due.extend(DueTime(epoch_ms(t), key) for t in execution.next_due())
+            due.extend(DueTime(t, key) for t in execution.next_due())
             if execution.pending_dirty():
                 judge_first.add(key)
         return Timers(due, judge_first)
@@ -452,8 +452,9 @@ class Processor:
         watermark, in the scheduler's order."""
         for item in self.scheduler.release(partition, watermark):
             if isinstance(item, Due):
+                at = epoch_ms(item.at)
                 for key in item.execution_ids:
-                    self._advance_key(key, item.at, out)
+                    self._advance_key(key, at, out)
             else:
                 record = item.env.record
                 assert record is not None

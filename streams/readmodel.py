@@ -99,4 +99,6 @@ def execution_view(
 
 
 def _iso(value: Any) -> str | None:
+    if type(value) is int:  # the core's epoch milliseconds
+        value = ex.from_ms(value)
     return value.isoformat().replace("+00:00", "Z") if value is not None else None

@@ -16,6 +16,11 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 RULES = Rules(closed_retention=timedelta(hours=2))
 
 
+def ms(at: timedelta) -> int:
+    """Epoch milliseconds of ``T0 + at``: the aggregate's time."""
+    return ex.to_ms(T0 + at)
+
+
 def status(seq: int, s: ExecutionStatus, at: timedelta) -> ExecutionStatusChanged:
     return ExecutionStatusChanged(
         event_id=f"s{seq}", execution_id="x1", sequence=seq, status=s, occurred_at=T0 + at
@@ -49,16 +54,16 @@ def test_an_approval_fact_waits_in_the_book_until_its_time_is_advanced_past() ->
     e.changed.clear()
     step = e.apply(requested(timedelta(seconds=5)))
     assert e.changed == {"approvals"} and step.outputs == []
-    assert step.due == [T0 + timedelta(seconds=5)]
-    assert T0 + timedelta(seconds=5) in e.next_due()
-    advanced = e.advance(T0 + timedelta(seconds=5))
+    assert step.due == [ms(timedelta(seconds=5))]
+    assert ms(timedelta(seconds=5)) in e.next_due()
+    advanced = e.advance(ms(timedelta(seconds=5)))
     verdicts = [o for o in advanced.outputs if isinstance(o, Verdict)]
     assert [v.record.verdict for v in verdicts] == [ApprovalVerdictCode.UNCERTAIN]
     assert verdicts[0].previous_id is None
     # the request is open now: the state published after the verdict lists it
     states = [o for o in advanced.outputs if isinstance(o, ExecutionState)]
     assert [s.open_approval_ids for s in states] == [("r1",)]
-    assert advanced.due and min(advanced.due) > T0 + timedelta(seconds=5)
+    assert advanced.due and min(advanced.due) > ms(timedelta(seconds=5))
 
 
 def test_a_terminal_status_leaves_a_tombstone_forgotten_after_the_retention() -> None:
@@ -67,10 +72,10 @@ def test_a_terminal_status_leaves_a_tombstone_forgotten_after_the_retention() ->
     e.changed.clear()
     step = e.apply(status(2, ExecutionStatus.FAILED, timedelta(minutes=1)))
     assert e.changed == {"inflight", "closed"} and e.inflight is None
-    end = T0 + timedelta(minutes=1) + RULES.closed_retention
+    end = ms(timedelta(minutes=1) + RULES.closed_retention)
     assert step.due == [end] and e.next_due() == [end]
     e.changed.clear()
-    e.advance(end - timedelta(milliseconds=1))
+    e.advance(end - 1)
     assert e.closed is not None and not e.changed
     e.advance(end)
     assert e.closed is None and e.changed == {"closed"}

@@ -9,7 +9,6 @@ from itertools import pairwise
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from streams.core.executions import (
     LEGAL_TRANSITIONS,
@@ -19,13 +18,17 @@ from streams.core.executions import (
     ExecutionStep,
     InFlight,
     Slot,
+    StatusEvent,
     apply_status,
     dump_slot,
+    from_ms,
     is_legal,
     load_slot,
     rebuild,
     set_open_items,
     state_id,
+    status_event,
+    to_ms,
     to_state,
 )
 from streams.core.ids import deterministic_id
@@ -49,22 +52,27 @@ HAPPY = [
 ]
 
 
+def ms(t: datetime) -> int:
+    return to_ms(t)
+
+
 def ev(
     seq: int, status: S, *, at: int | None = None, eid: str | None = None, ex: str = "x1"
-) -> ExecutionStatusChanged:
-    """A status event; ``at`` is seconds after T0 (default: the sequence number)."""
-    return ExecutionStatusChanged(
-        event_id=eid or f"{ex}-e{seq}",
-        execution_id=ex,
-        sequence=seq,
-        status=status,
-        occurred_at=T0 + timedelta(seconds=seq if at is None else at),
+) -> StatusEvent:
+    """A status event as the core reads it, made from the contract record; ``at`` is seconds
+    after T0 (default: the sequence number)."""
+    return status_event(
+        ExecutionStatusChanged(
+            event_id=eid or f"{ex}-e{seq}",
+            execution_id=ex,
+            sequence=seq,
+            status=status,
+            occurred_at=T0 + timedelta(seconds=seq if at is None else at),
+        )
     )
 
 
-def feed(
-    events: list[ExecutionStatusChanged], slot: Slot = None
-) -> tuple[Slot, list[ExecutionStep]]:
+def feed(events: list[StatusEvent], slot: Slot = None) -> tuple[Slot, list[ExecutionStep]]:
     steps = []
     for e in events:
         step = apply_status(slot, e)
@@ -168,7 +176,7 @@ def test_happy_path_publishes_every_change_and_closes() -> None:
     assert slot == Closed(
         execution_id="x1",
         status=S.COMPLETED,
-        closed_at=T0 + timedelta(seconds=9),
+        closed_at=ms(T0 + timedelta(seconds=9)),
         last_sequence=9,
         last_event_id="x1-e9",
     )
@@ -267,23 +275,61 @@ def test_redelivered_terminal_event_is_a_duplicate() -> None:
 def test_last_event_at_never_goes_back_but_since_is_the_status_change() -> None:
     slot, _ = feed([ev(1, S.RUNNING, at=100), ev(2, S.WAITING_FOR_TOOL, at=90)])
     assert isinstance(slot, InFlight)
-    assert slot.last_event_at == T0 + timedelta(seconds=100)
-    assert slot.since == T0 + timedelta(seconds=90)
+    assert slot.last_event_at == ms(T0 + timedelta(seconds=100))
+    assert slot.since == ms(T0 + timedelta(seconds=90))
 
 
-def test_inflight_cannot_hold_a_terminal_status_and_closed_must_be_terminal() -> None:
-    with pytest.raises(ValidationError):
-        InFlight(
-            execution_id="x",
-            status=S.COMPLETED,
-            since=T0,
-            first_seen_at=T0,
-            last_event_at=T0,
-            last_sequence=1,
-            last_event_id="e",
-        )
-    with pytest.raises(ValidationError):
-        Closed(execution_id="x", status=S.RUNNING, closed_at=T0, last_sequence=1, last_event_id="e")
+def test_a_stored_slot_cannot_be_in_flight_and_terminal_nor_closed_and_not_terminal() -> None:
+    """What the table holds is checked when read, in both stored formats."""
+    t = ms(T0)
+    bad = [
+        dump_slot(InFlight("x", S.COMPLETED, t, t, t, 1, "e")),
+        dump_slot(Closed("x", S.RUNNING, t, 1, "e")),
+        dump_slot(InFlight("x", S.RUNNING, t, t, t, 1, "e", ("b", "a"))),
+        '{"kind":"in_flight","execution_id":"x","status":"COMPLETED","since":'
+        '"2026-01-01T00:00:00Z","first_seen_at":"2026-01-01T00:00:00Z","last_event_at":'
+        '"2026-01-01T00:00:00Z","last_sequence":1,"last_event_id":"e"}',
+        '{"kind":"closed","execution_id":"x","status":"RUNNING","closed_at":'
+        '"2026-01-01T00:00:00Z","last_sequence":1,"last_event_id":"e"}',
+    ]
+    for text in bad:
+        with pytest.raises(ValueError):
+            load_slot(text)
+
+
+def test_format_1_slots_are_read_with_their_open_ids_made_canonical() -> None:
+    """The JSON objects entries held before format 2 (what 6733ee4 wrote)."""
+    text = (
+        '{"kind":"in_flight","execution_id":"x","status":"RUNNING","since":'
+        '"2026-01-01T00:00:01.500000Z","first_seen_at":"2026-01-01T00:00:00Z","last_event_at":'
+        '"2026-01-01T00:00:02.250000Z","last_sequence":3,"last_event_id":"e3",'
+        '"open_operation_ids":["b","a"],"open_approval_ids":[]}'
+    )
+    t = ms(datetime(2026, 1, 1, tzinfo=UTC))
+    assert load_slot(text) == InFlight("x", S.RUNNING, t + 1500, t, t + 2250, 3, "e3", ("a", "b"))
+    closed = (
+        '{"kind":"closed","execution_id":"x","status":"FAILED","closed_at":'
+        '"2026-01-01T00:00:00.001000Z","last_sequence":4,"last_event_id":"e4"}'
+    )
+    assert load_slot(closed) == Closed("x", S.FAILED, t + 1, 4, "e4")
+
+
+@settings(max_examples=300)
+@given(
+    st.datetimes(
+        min_value=datetime(1971, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC)
+    )
+)
+def test_epoch_milliseconds_are_exact(at: datetime) -> None:
+    """The core's times are whole milliseconds, as the contract truncates them; converting
+    back gives the contract's time, and the status event's time is the record's."""
+    truncated = at.replace(microsecond=at.microsecond // 1000 * 1000)
+    assert from_ms(to_ms(truncated)) == truncated
+    assert to_ms(at) == to_ms(truncated)
+    record = ExecutionStatusChanged(
+        event_id="e", execution_id="x", sequence=1, status=S.RUNNING, occurred_at=at
+    )
+    assert status_event(record).at == to_ms(record.occurred_at) == to_ms(truncated)
 
 
 # --- set_open_items -----------------------------------------------------------------------------
@@ -291,7 +337,7 @@ def test_inflight_cannot_hold_a_terminal_status_and_closed_must_be_terminal() ->
 
 def test_open_items_publish_only_on_change_sorted() -> None:
     slot, _ = feed([ev(1, S.RUNNING)])
-    step = set_open_items(slot, ["op-b", "op-a", "op-b"], ["ap-1"], T0 + timedelta(seconds=30))
+    step = set_open_items(slot, ["op-b", "op-a", "op-b"], ["ap-1"], ms(T0 + timedelta(seconds=30)))
     assert step.published is not None and step.anomaly is None
     assert step.published.open_operation_ids == ("op-a", "op-b")
     assert step.published.open_approval_ids == ("ap-1",)
@@ -299,13 +345,13 @@ def test_open_items_publish_only_on_change_sorted() -> None:
     assert step.published.status == S.RUNNING and step.published.since == T0 + timedelta(seconds=1)
     assert isinstance(step.slot, InFlight) and to_state(step.slot) == step.published
 
-    same = set_open_items(step.slot, ("op-a", "op-b"), ["ap-1"], T0 + timedelta(seconds=60))
+    same = set_open_items(step.slot, ("op-a", "op-b"), ["ap-1"], ms(T0 + timedelta(seconds=60)))
     assert same.published is None and same.slot is step.slot
 
 
 def test_open_items_survive_status_changes_and_appear_in_the_final_state() -> None:
     slot, _ = feed([ev(1, S.RUNNING)])
-    slot = set_open_items(slot, ["op-1"], [], T0 + timedelta(seconds=2)).slot
+    slot = set_open_items(slot, ["op-1"], [], ms(T0 + timedelta(seconds=2))).slot
     slot, steps = feed([ev(3, S.WAITING_FOR_TOOL), ev(4, S.FAILED)], slot)
     assert [s.published.open_operation_ids for s in steps if s.published] == [("op-1",)] * 2
 
@@ -313,14 +359,15 @@ def test_open_items_survive_status_changes_and_appear_in_the_final_state() -> No
 def test_open_items_are_a_no_op_for_unknown_and_closed_executions() -> None:
     closed, _ = feed([ev(1, S.EXPIRED)])
     for slot in (None, closed):
-        step = set_open_items(slot, ["op"], ["ap"], T0)
+        step = set_open_items(slot, ["op"], ["ap"], ms(T0))
         assert step == ExecutionStep(slot=slot)
 
 
-def test_open_items_need_an_aware_time() -> None:
-    slot, _ = feed([ev(1, S.RUNNING)])
-    with pytest.raises(ValueError):
-        set_open_items(slot, ["op"], [], datetime(2026, 1, 1))
+def test_open_items_given_unsorted_equal_the_stored_ones() -> None:
+    slot = set_open_items(feed([ev(1, S.RUNNING)])[0], ("a", "b"), ("c",), ms(T0)).slot
+    for ops in (("b", "a"), ["a", "b"], ("a", "b", "a")):
+        step = set_open_items(slot, ops, ("c",), ms(T0 + timedelta(seconds=1)))
+        assert step.published is None and step.slot is slot
 
 
 def test_state_id_is_deterministic_and_follows_open_ids() -> None:
@@ -329,14 +376,14 @@ def test_state_id_is_deterministic_and_follows_open_ids() -> None:
     assert a is not None and b is not None and a.state_id == b.state_id
     assert a.state_id.startswith("exec-")
     slot = feed([ev(1, S.RUNNING)])[0]
-    changed = set_open_items(slot, ["op"], [], T0 + timedelta(seconds=1)).published
+    changed = set_open_items(slot, ["op"], [], ms(T0 + timedelta(seconds=1))).published
     assert changed is not None and changed.state_id != a.state_id
     # Back to the old set later: a new record, so a new id.
     back = set_open_items(
-        set_open_items(slot, ["op"], [], T0 + timedelta(seconds=1)).slot,
+        set_open_items(slot, ["op"], [], ms(T0 + timedelta(seconds=1))).slot,
         [],
         [],
-        T0 + timedelta(seconds=2),
+        ms(T0 + timedelta(seconds=2)),
     ).published
     assert back is not None and back.state_id not in {a.state_id, changed.state_id}
 
@@ -353,9 +400,11 @@ def test_state_id_is_deterministic_and_follows_open_ids() -> None:
 def test_state_id_is_the_generic_deterministic_id(
     execution_id: str, sequence: int, digest: str, at: datetime
 ) -> None:
-    """The spelled-out id of a published state hashes the very text the generic one does:
-    ids already published (and stored downstream for deduplication) stay the same."""
-    assert state_id(execution_id, sequence, digest, at) == deterministic_id(
+    """The spelled-out id of a published state hashes the very text the generic one does
+    for the state's time (whole milliseconds): ids already published (and stored downstream
+    for deduplication) stay the same."""
+    at = at.replace(microsecond=at.microsecond // 1000 * 1000)
+    assert state_id(execution_id, sequence, digest, to_ms(at)) == deterministic_id(
         "exec", execution_id, sequence, digest, at
     )
 
@@ -364,7 +413,7 @@ def test_state_id_is_the_generic_deterministic_id(
 
 
 def test_slots_round_trip_through_json() -> None:
-    running = set_open_items(feed([ev(1, S.RUNNING)])[0], ["b", "a"], ["c"], T0).slot
+    running = set_open_items(feed([ev(1, S.RUNNING)])[0], ["b", "a"], ["c"], ms(T0)).slot
     closed = feed([ev(1, S.COMPLETED)])[0]
     for slot in (running, closed):
         assert slot is not None
@@ -389,7 +438,7 @@ EXECUTIONS = ["a", "b", "c"]
 
 
 @st.composite
-def random_events(draw: st.DrawFn) -> list[ExecutionStatusChanged]:
+def random_events(draw: st.DrawFn) -> list[StatusEvent]:
     """Anything at all: random statuses, colliding sequences and event ids, random times."""
     n = draw(st.integers(0, 40))
     return [
@@ -409,10 +458,10 @@ def _successors(status: S) -> list[S]:
 
 
 @st.composite
-def plausible_events(draw: st.DrawFn) -> list[ExecutionStatusChanged]:
+def plausible_events(draw: st.DrawFn) -> list[StatusEvent]:
     """Legal walks (so that much is accepted), then damaged: duplicates, swaps, noise; and the
     executions interleaved arbitrarily."""
-    per_execution: list[list[ExecutionStatusChanged]] = []
+    per_execution: list[list[StatusEvent]] = []
     for ex in draw(st.lists(st.sampled_from(EXECUTIONS), min_size=1, max_size=3, unique=True)):
         status = draw(st.sampled_from(STATUSES[:-1]))
         seq, at = draw(st.integers(0, 3)), draw(st.integers(0, 50))
@@ -434,9 +483,9 @@ def plausible_events(draw: st.DrawFn) -> list[ExecutionStatusChanged]:
             if damage == "redeliver":
                 walk.insert(draw(st.integers(i, len(walk))), base)
             elif damage == "reuse_seq":
-                walk.insert(i + 1, base.model_copy(update={"event_id": f"{ex}-other{i}"}))
+                walk.insert(i + 1, base._replace(event_id=f"{ex}-other{i}"))
             elif damage == "reuse_id":
-                walk.insert(i + 1, base.model_copy(update={"sequence": base.sequence + 1}))
+                walk.insert(i + 1, base._replace(sequence=base.sequence + 1))
             elif damage == "swap" and i + 1 < len(walk):
                 walk[i], walk[i + 1] = walk[i + 1], walk[i]
             else:
@@ -463,7 +512,7 @@ class Spec:
     eid: str | None = None
     closed: bool = False
 
-    def verdict(self, e: ExecutionStatusChanged) -> AnomalyKind | None:
+    def verdict(self, e: StatusEvent) -> AnomalyKind | None:
         if e.status == S.UNRECOGNIZED:
             return AnomalyKind.UNRECOGNIZED_SYMBOL
         if self.status is None:
@@ -481,7 +530,7 @@ class Spec:
         ok = (self.status, e.status) in LEGAL_TRANSITIONS
         return None if ok else AnomalyKind.ILLEGAL_TRANSITION
 
-    def accept(self, e: ExecutionStatusChanged) -> None:
+    def accept(self, e: StatusEvent) -> None:
         self.status, self.seq, self.eid, self.closed = (
             e.status,
             e.sequence,
@@ -493,12 +542,12 @@ class Spec:
 @dataclass
 class Run:
     table: dict[str, InFlight | Closed] = field(default_factory=dict)
-    accepted: dict[str, list[ExecutionStatusChanged]] = field(default_factory=dict)
+    accepted: dict[str, list[StatusEvent]] = field(default_factory=dict)
     published: dict[str, list[ExecutionState]] = field(default_factory=dict)
-    refused: dict[str, list[ExecutionStatusChanged]] = field(default_factory=dict)
+    refused: dict[str, list[StatusEvent]] = field(default_factory=dict)
 
 
-def drive(events: list[ExecutionStatusChanged], *, via_json: bool = False) -> Run:
+def drive(events: list[StatusEvent], *, via_json: bool = False) -> Run:
     """The shell, reduced to a dict: look up, call the core, check invariants, store."""
     run, spec = Run(), {ex: Spec() for ex in EXECUTIONS}
     for e in events:
@@ -559,13 +608,13 @@ def check_run(run: Run) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(random_events())
-def test_property_random_streams(events: list[ExecutionStatusChanged]) -> None:
+def test_property_random_streams(events: list[StatusEvent]) -> None:
     check_run(drive(events))
 
 
 @settings(max_examples=300, deadline=None)
 @given(plausible_events())
-def test_property_damaged_legal_walks(events: list[ExecutionStatusChanged]) -> None:
+def test_property_damaged_legal_walks(events: list[StatusEvent]) -> None:
     run = drive(events)
     check_run(run)
     assert sum(map(len, run.accepted.values())) + sum(map(len, run.refused.values())) == len(events)
@@ -574,7 +623,7 @@ def test_property_damaged_legal_walks(events: list[ExecutionStatusChanged]) -> N
 @settings(max_examples=100, deadline=None)
 @given(plausible_events())
 def test_property_storing_slots_as_json_changes_nothing(
-    events: list[ExecutionStatusChanged],
+    events: list[StatusEvent],
 ) -> None:
     plain, stored = drive(events), drive(events, via_json=True)
     assert plain.published == stored.published and plain.table == stored.table
@@ -595,7 +644,7 @@ def test_property_storing_slots_as_json_changes_nothing(
     ),
 )
 def test_property_open_items_keep_table_equal_to_last_published(
-    events: list[ExecutionStatusChanged],
+    events: list[StatusEvent],
     updates: list[tuple[int, str, frozenset[str], frozenset[str], int]],
 ) -> None:
     """Interleave open-item updates anywhere: the table always equals the last published state,
@@ -607,13 +656,13 @@ def test_property_open_items_keep_table_equal_to_last_published(
     for pos, *update in sorted(updates, key=lambda u: u[0], reverse=True):
         inputs.insert(min(pos, len(inputs)), tuple(update))
     for item in inputs:
-        if isinstance(item, ExecutionStatusChanged):
+        if isinstance(item, StatusEvent):
             ex = item.execution_id
             step = apply_status(table.get(ex), item)
         else:
             ex, ops, aps, at = item  # type: ignore[misc]
             before = table.get(ex)
-            step = set_open_items(before, ops, aps, T0 + timedelta(seconds=at))
+            step = set_open_items(before, ops, aps, ms(T0 + timedelta(seconds=at)))
             changed = isinstance(before, InFlight) and (
                 set(before.open_operation_ids) != ops or set(before.open_approval_ids) != aps
             )

@@ -29,7 +29,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streams.codec import AvroCodec, RegistryConfig, RegistryOutage, RegistryUnavailable
-from streams.core.executions import apply_status
+from streams.core.executions import apply_status, status_event
 from streams.models.enums import ExecutionStatus
 from streams.models.events import ExecutionStatusChanged
 from streams.models.outputs import DeadLetter, ExecutionState
@@ -146,8 +146,10 @@ def test_a_record_met_during_a_registry_outage_is_applied_once_it_answers(
     unknown = b"\x00" + struct.pack(">I", 2_147_480_001) + valid[5:]  # the registry says 404
     garbage = b"\x07 not Avro"
 
-    expected_first = apply_status(None, first).published
-    expected_after = apply_status(apply_status(None, first).slot, after).published
+    expected_first = apply_status(None, status_event(first)).published
+    expected_after = apply_status(
+        apply_status(None, status_event(first)).slot, status_event(after)
+    ).published
     states, letters = dep.topics.execution_state.name, dep.topics.dead_letters.name
 
     with RegistryProxy(dep.settings.schema_registry_url) as proxy:
@@ -252,4 +254,7 @@ def test_a_replay_met_by_a_registry_outage_fails_instead_of_dead_lettering(
     assert healed.dead_letters == 1  # the garbage alone
     out = Topics.from_settings(replace(dep.settings, output_suffix="-healed"))
     states = [r.record for r in dep.read([out.execution_state.name], idle=1.0)]
-    assert states[-1] == apply_status(apply_status(None, first).slot, after).published
+    assert (
+        states[-1]
+        == apply_status(apply_status(None, status_event(first)).slot, status_event(after)).published
+    )

@@ -30,7 +30,7 @@ def test_a_worker_carries_on_from_entries_logged_as_json_strings(cluster, tmp_pa
     settings = dep.settings
     first = status("ex-old", 1, ExecutionStatus.CREATED)
     second = status("ex-old", 2, ExecutionStatus.VALIDATING, 1)
-    before = ex.apply_status(None, first)
+    before = ex.apply_status(None, ex.status_event(first))
     assert isinstance(before.slot, ex.InFlight)
 
     # What a worker of the earlier version logged after ``first``: the entry's text as a JSON
@@ -66,6 +66,6 @@ def test_a_worker_carries_on_from_entries_logged_as_json_strings(cluster, tmp_pa
 
     # ``second`` continues the recovered execution: first seen at ``first``'s time, one step on.
     # A worker that could not read the entry would have started a new execution at ``second``.
-    expected = ex.apply_status(before.slot, second).published
+    expected = ex.apply_status(before.slot, ex.status_event(second)).published
     assert [r.record for r in got if isinstance(r.record, ExecutionState)] == [expected]
     assert expected is not None and expected.first_seen_at == first.occurred_at

@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 from confluent_kafka.schema_registry import Schema
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from streams.core.executions import apply_status
+from streams.core.executions import apply_status, status_event
 from streams.models.enums import ExecutionStatus
 from streams.models.events import ExecutionStatusChanged
 from streams.models.outputs import DeadLetter, ExecutionState
@@ -44,8 +44,10 @@ def test_worker_publishes_typed_output_and_dead_letters_garbage(cluster, tmp_pat
     dep.produce([after])
     dep.tick(T0 + timedelta(minutes=2))  # the watermark releases events strictly before it
 
-    expected_first = apply_status(None, first).published
-    expected_after = apply_status(apply_status(None, first).slot, after).published
+    expected_first = apply_status(None, status_event(first)).published
+    expected_after = apply_status(
+        apply_status(None, status_event(first)).slot, status_event(after)
+    ).published
 
     with worker(dep):
         got = dep.read_until(

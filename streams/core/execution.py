@@ -19,21 +19,23 @@ core refused: the shell reports it as an anomaly with the input's coordinates), 
 (a verdict and the id of the one it replaces, for the alerts the shell makes once the verdict
 carries its trace context) and ``Orphan``s (facts whose request never came).
 
-The rules are those of ``executions``, ``operations`` and ``approvals``; this module only
-decides which of them an input or a time reaches, and in what order.
+Times are integer epoch milliseconds: ``advance`` takes one, ``next_due`` and ``Step.due``
+give them. The rules are those of ``executions``, ``operations`` and ``approvals``; this
+module only decides which of them an input or a time reaches, and in what order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from streams.core import approvals as ap
 from streams.core import executions as ex
 from streams.core import operations as ops
 from streams.core import trace
+from streams.core.executions import from_ms, to_ms
 from streams.core.findings import AnomalyFinding
 from streams.core.ids import deterministic_id
 from streams.models import events as ev
@@ -41,7 +43,6 @@ from streams.models.base import Record
 from streams.models.outputs import ApprovalVerdict
 
 ONE_MS = timedelta(milliseconds=1)
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,11 @@ class Rules:
     closed_retention: timedelta = timedelta(hours=24)
     #: how long facts may wait for their request before they are reported as orphans
     orphan_after: timedelta = timedelta(hours=1)
+    #: ``closed_retention`` in milliseconds
+    closed_retention_ms: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "closed_retention_ms", self.closed_retention // ONE_MS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +97,7 @@ class Step:
     input that changed something, the key its trace context is remembered under."""
 
     outputs: list[Output] = field(default_factory=list)
-    due: list[datetime] = field(default_factory=list)
+    due: list[int] = field(default_factory=list)
     trace_key: str | None = None
     #: the first output the input's trace context applies to (those before it are about
     #: deadlines that fell before the input)
@@ -192,7 +198,8 @@ class Execution:
 
     def _on_status(self, event: ev.ExecutionStatusChanged, step: Step) -> None:
         slot = self.inflight if self.inflight is not None else self.closed
-        result = ex.apply_status(slot, event)
+        status = ex.status_event(event)
+        result = ex.apply_status(slot, status)
         if result.anomaly is not None:
             step.outputs.append(Refusal(result.anomaly))
             return
@@ -202,21 +209,21 @@ class Execution:
             step.outputs.append(result.published)
         if isinstance(result.slot, ex.InFlight) and slot is None:
             # operations or approvals may have been seen before the first status
-            self._sync_open_items(event.occurred_at, step)
+            self._sync_open_items(status.at, step)
 
     def _set_slot(self, slot: ex.Slot, step: Step) -> None:
         if isinstance(slot, ex.Closed):
             self.closed = slot
             self.inflight = None
             self.changed.update(("closed", "inflight"))
-            step.due.append(slot.closed_at + self.rules.closed_retention)
+            step.due.append(slot.closed_at + self.rules.closed_retention_ms)
         elif isinstance(slot, ex.InFlight):
             self.inflight = slot
             self.changed.add("inflight")
 
-    def _sync_open_items(self, at: datetime, step: Step) -> None:
+    def _sync_open_items(self, at: int, step: Step) -> None:
         """A new state when the operations or approvals open changed (``at``: the time of
-        what changed them)."""
+        what changed them, epoch ms)."""
         slot = self.inflight
         if slot is None:
             return
@@ -237,7 +244,7 @@ class Execution:
         if book is not None:
             # Deadlines before this event, judged on this topic's own order: a reply stamped
             # after its deadline finds the attempt already UNKNOWN, live and in a replay.
-            before = ops.advance(book, event.occurred_at - ONE_MS, config)
+            before = ops.advance(book, event.occurred_at - ONE_MS)
             step.outputs.extend(before.outputs)
             book = before.book
         result = ops.apply_event(book, event, config)
@@ -248,14 +255,14 @@ class Execution:
         step.outputs.extend(Refusal(f) for f in result.anomalies)
         if result.book is not None:
             self._set_operations(result.book, step)
-        self._sync_open_items(event.occurred_at, step)
+        self._sync_open_items(to_ms(event.occurred_at), step)
 
     def _set_operations(self, book: ops.OperationBook, step: Step) -> None:
         self.operations = book
         self.changed.add("operations")
         due = ops.next_deadline(book)
         if due is not None:
-            step.due.append(due)
+            step.due.append(to_ms(due))
 
     def _on_approval_fact(self, event: ap.ApprovalEvent, step: Step) -> None:
         """Facts are kept at once and judged when stream time passes them, so a decision and
@@ -265,37 +272,38 @@ class Execution:
         self.approvals = ap.add_fact(book, event)
         self.changed.add("approvals")
         step.trace_key = trace.key_of_input(event)
-        step.due.append(event.occurred_at)
+        step.due.append(to_ms(event.occurred_at))
 
     # -- time -----------------------------------------------------------------------------
-    def advance(self, horizon: datetime) -> Step:
-        """Stream time has passed ``horizon``: forget a long-closed execution, fire the
-        operations' deadlines and judge the approvals' change points up to it."""
+    def advance(self, horizon: int) -> Step:
+        """Stream time has passed ``horizon`` (epoch ms): forget a long-closed execution, fire
+        the operations' deadlines and judge the approvals' change points up to it."""
         step = Step()
         closed = self.closed
-        if closed is not None and closed.closed_at + self.rules.closed_retention <= horizon:
+        if closed is not None and closed.closed_at + self.rules.closed_retention_ms <= horizon:
             self.closed = None
             self.changed.add("closed")
-        changed_at: datetime | None = None
+        changed_at: int | None = None
         book = self.operations
         if book is not None:
-            result = ops.advance(book, horizon, self.rules.operations)
+            result = ops.advance(book, from_ms(horizon))
             if result.outputs:
                 step.outputs.extend(result.outputs)
                 self._set_operations(result.book, step)
                 changed_at = max(_stamp(r) for r in result.outputs)
         approvals_at = self._advance_approvals(horizon, step)
         if approvals_at is not None:
-            changed_at = max(changed_at, approvals_at) if changed_at else approvals_at
+            changed_at = approvals_at if changed_at is None else max(changed_at, approvals_at)
         if changed_at is not None:
             self._sync_open_items(changed_at, step)
         return step
 
-    def _advance_approvals(self, horizon: datetime, step: Step) -> datetime | None:
+    def _advance_approvals(self, horizon_ms: int, step: Step) -> int | None:
         book = self.approvals
         if book is None:
             return None
         rules = self.rules
+        horizon = from_ms(horizon_ms)
         joined = ap.JoinedFacts(rules.thresholds_for)  # computed once for both calls
         new_book, verdicts = ap.advance(book, horizon, rules.thresholds_for, joined)
         new_book, orphans = ap.take_orphans(new_book, horizon - rules.orphan_after)
@@ -320,33 +328,33 @@ class Execution:
             self.changed.add("approvals")
         change = ap.next_change(new_book, rules.thresholds_for, joined)
         if change is not None:
-            step.due.append(change)
+            step.due.append(to_ms(change))
         orphaned = ap.orphan_deadline(new_book, rules.orphan_after)
         if orphaned is not None:  # take_orphans needs the horizon strictly past it
-            step.due.append(orphaned + ONE_MS)
-        return max((v.evaluated_at for v in verdicts), default=None)
+            step.due.append(to_ms(orphaned) + 1)
+        return max((to_ms(v.evaluated_at) for v in verdicts), default=None)
 
-    def next_due(self) -> list[datetime]:
+    def next_due(self) -> list[int]:
         """Every instant at which ``advance`` has something to do, as stored (after a restart
         or a rebalance the shell's due-time index is rebuilt from these): the operations' next
         deadline, the approvals' next change point and orphan deadline, the end of a closed
         execution's retention. Facts stored but not judged yet (the worker stopped in
         between) are due at their own times; if none is after ``evaluated_until`` (a late
         fact), ``pending_dirty`` says the book must be judged at the next instant."""
-        due: list[datetime] = []
+        due: list[int] = []
         if self.operations is not None:
             deadline = ops.next_deadline(self.operations)
             if deadline is not None:
-                due.append(deadline)
+                due.append(to_ms(deadline))
         book = self.approvals
         if book is not None:
             change = ap.next_change(book, self.rules.thresholds_for)
             if change is not None:
-                due.append(change)
+                due.append(to_ms(change))
             if book.dirty:
-                due.extend(_times_after(book, book.evaluated_until))
+                due.extend(to_ms(t) for t in _times_after(book, book.evaluated_until))
         if self.closed is not None:
-            due.append(self.closed.closed_at + self.rules.closed_retention)
+            due.append(self.closed.closed_at + self.rules.closed_retention_ms)
         return due
 
     def pending_dirty(self) -> bool:
@@ -357,11 +365,11 @@ class Execution:
         )
 
 
-def _stamp(record: Record) -> datetime:
-    """An output's time as its Kafka timestamp gives it (whole milliseconds, through the
-    float of ``timestamp()``, as the shell stamps records)."""
+def _stamp(record: Record) -> int:
+    """An output's time as its Kafka timestamp gives it (epoch ms, through the float of
+    ``timestamp()``, as the shell stamps records)."""
     value = getattr(record, record.time_field)  # type: ignore[arg-type]
-    return EPOCH + int(value.timestamp() * 1000) * ONE_MS
+    return int(value.timestamp() * 1000)
 
 
 def _times_after(value: Any, after: datetime | None) -> set[datetime]:

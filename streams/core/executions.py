@@ -11,24 +11,27 @@ retention the shell enforces) so that a late event for a finished execution is r
 anomaly instead of resurrecting it as a new in-flight execution.
 
 Times in the published states come from the events only (never a clock), so a replay of the
-same log publishes the very same records, with the very same ``state_id``.
+same log publishes the very same records, with the very same ``state_id``. Inside the core
+they are integer epoch milliseconds (the contract's resolution); the published records carry
+them as times.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from itertools import pairwise
 from json.encoder import encode_basestring_ascii
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
 from streams.core.findings import AnomalyFinding
-from streams.models.base import construct, replace, to_millis
+from streams.models.base import construct
 from streams.models.enums import AnomalyKind, ExecutionStatus
 from streams.models.events import ExecutionStatusChanged
 from streams.models.outputs import ExecutionState
@@ -82,17 +85,89 @@ def _sorted_ids(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(set(value)))
 
 
-class _Slot(BaseModel):
+#: The epoch, for the published records' times (the core keeps integer epoch milliseconds).
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+ONE_MS = timedelta(milliseconds=1)
+
+
+def to_ms(t: datetime) -> int:
+    """Epoch milliseconds of an aware time, exactly (no float on the way)."""
+    return (t - EPOCH) // ONE_MS
+
+
+def from_ms(ms: int) -> datetime:
+    """The UTC time of epoch milliseconds, as the contract records carry it."""
+    return EPOCH + timedelta(milliseconds=ms)
+
+
+def id_ms(ms: int) -> int:
+    """The milliseconds an id hashes for a time: ``int(t.timestamp() * 1000)``, through the
+    float, as ``deterministic_id`` reads a ``datetime``; ids already published stay the same."""
+    return int(ms / 1000 * 1000)
+
+
+class StatusEvent(NamedTuple):
+    """What the state machine reads of an ``ExecutionStatusChanged``, its time in epoch ms."""
+
+    event_id: str
+    execution_id: str
+    sequence: int
+    status: ExecutionStatus
+    at: int
+
+
+def status_event(event: ExecutionStatusChanged) -> StatusEvent:
+    """The core's record of a decoded status event (made once, where the event comes in)."""
+    return StatusEvent(
+        event.event_id, event.execution_id, event.sequence, event.status, to_ms(event.occurred_at)
+    )
+
+
+class InFlight(NamedTuple):
+    """An execution between its first accepted event and its terminal status; times in epoch
+    milliseconds.
+
+    Its status is never terminal: ``apply_status`` builds none that is, and ``load_slot``
+    refuses one, so the table cannot hold a finished execution even by mistake. Open ids are
+    kept sorted and unique: equal sets compare equal, and the ``state_id`` digest does not
+    depend on the order in which they were reported.
+    """
+
+    execution_id: str
+    status: ExecutionStatus
+    since: int
+    first_seen_at: int
+    last_event_at: int
+    last_sequence: int
+    last_event_id: str
+    open_operation_ids: tuple[str, ...] = ()
+    open_approval_ids: tuple[str, ...] = ()
+
+
+class Closed(NamedTuple):
+    """Tombstone of a finished execution: enough to refuse late events with a clear reason.
+
+    ``last_event_id`` and ``last_sequence`` let a redelivery of the terminal event itself be
+    told apart (a DUPLICATE) from a genuinely new event after the end (AFTER_TERMINAL). Its
+    status is always terminal (``load_slot`` refuses another).
+    """
+
+    execution_id: str
+    status: ExecutionStatus
+    closed_at: int
+    last_sequence: int
+    last_event_id: str
+
+
+Slot = InFlight | Closed | None
+
+
+class _StoredSlot(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class InFlight(_Slot):
-    """An execution between its first accepted event and its terminal status.
-
-    The status is validated to be non-terminal, so the table cannot hold a finished execution
-    even by mistake. Open ids are kept sorted and unique: equal sets compare equal, and the
-    ``state_id`` digest does not depend on the order in which they were reported.
-    """
+class _StoredInFlight(_StoredSlot):
+    """An in-flight slot as format 1 stored it (JSON object, ISO times)."""
 
     kind: Literal["in_flight"] = "in_flight"
     execution_id: str
@@ -105,25 +180,9 @@ class InFlight(_Slot):
     open_operation_ids: tuple[str, ...] = ()
     open_approval_ids: tuple[str, ...] = ()
 
-    @field_validator("status")
-    @classmethod
-    def _in_flight(cls, value: ExecutionStatus) -> ExecutionStatus:
-        if value not in NON_TERMINAL:
-            raise ValueError(f"an in-flight execution cannot be {value}")
-        return value
 
-    @field_validator("open_operation_ids", "open_approval_ids")
-    @classmethod
-    def _canonical(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return _sorted_ids(value)
-
-
-class Closed(_Slot):
-    """Tombstone of a finished execution: enough to refuse late events with a clear reason.
-
-    ``last_event_id`` and ``last_sequence`` let a redelivery of the terminal event itself be
-    told apart (a DUPLICATE) from a genuinely new event after the end (AFTER_TERMINAL).
-    """
+class _StoredClosed(_StoredSlot):
+    """A closed slot as format 1 stored it."""
 
     kind: Literal["closed"] = "closed"
     execution_id: str
@@ -132,29 +191,79 @@ class Closed(_Slot):
     last_sequence: int
     last_event_id: str
 
-    @field_validator("status")
-    @classmethod
-    def _terminal(cls, value: ExecutionStatus) -> ExecutionStatus:
-        if value not in TERMINAL:
-            raise ValueError(f"a closed execution must be terminal, not {value}")
-        return value
 
-
-Slot = InFlight | Closed | None
-
-_SLOT_ADAPTER: TypeAdapter[InFlight | Closed] = TypeAdapter(
-    Annotated[InFlight | Closed, Field(discriminator="kind")]
+_FORMAT1: TypeAdapter[_StoredInFlight | _StoredClosed] = TypeAdapter(
+    Annotated[_StoredInFlight | _StoredClosed, Field(discriminator="kind")]
 )
+_STATUS: dict[str, ExecutionStatus] = {s.value: s for s in S}
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
 def dump_slot(slot: InFlight | Closed) -> str:
-    """JSON for the shell's table (the ``kind`` field tells the two shapes apart)."""
-    return slot.model_dump_json(exclude_none=True)  # every nullable field defaults to None
+    """The stored text of a slot (format 2): a JSON array, ``"i"`` or ``"c"`` then the
+    fields in order, times as epoch milliseconds."""
+    return _dumps(("i" if type(slot) is InFlight else "c", *slot))
+
+
+def _checked(slot: InFlight | Closed) -> InFlight | Closed:
+    if isinstance(slot, InFlight):
+        if slot.status not in NON_TERMINAL:
+            raise ValueError(f"an in-flight execution cannot be {slot.status}")
+        if list(slot.open_operation_ids) != sorted(set(slot.open_operation_ids)) or list(
+            slot.open_approval_ids
+        ) != sorted(set(slot.open_approval_ids)):
+            raise ValueError("open ids must be sorted and unique")
+    elif slot.status not in TERMINAL:
+        raise ValueError(f"a closed execution must be terminal, not {slot.status}")
+    return slot
 
 
 def load_slot(text: str | bytes | None) -> Slot:
-    """Inverse of ``dump_slot``; ``None`` (no table entry) stays ``None``."""
-    return None if text is None else _SLOT_ADAPTER.validate_json(text)
+    """Inverse of ``dump_slot``; also reads format 1 (a JSON object with ISO times, as
+    entries written before format 2 hold it). ``None`` (no entry) stays ``None``. Raises
+    ``ValueError`` for a slot the state machine could not have made."""
+    if text is None:
+        return None
+    first = text[:1]
+    if first in ("[", b"["):
+        kind, execution_id, status, *rest = json.loads(text)
+        status = _STATUS[status]
+        if kind == "i":
+            since, first_seen, last_at, seq, event_id, operations, approvals = rest
+            slot: InFlight | Closed = InFlight(
+                execution_id,
+                status,
+                since,
+                first_seen,
+                last_at,
+                seq,
+                event_id,
+                tuple(operations),
+                tuple(approvals),
+            )
+        elif kind == "c":
+            slot = Closed(execution_id, status, *rest)
+        else:
+            raise ValueError(f"no slot of kind {kind!r}")
+        return _checked(slot)
+    old = _FORMAT1.validate_json(text)
+    if isinstance(old, _StoredInFlight):
+        slot = InFlight(
+            old.execution_id,
+            old.status,
+            to_ms(old.since),
+            to_ms(old.first_seen_at),
+            to_ms(old.last_event_at),
+            old.last_sequence,
+            old.last_event_id,
+            _sorted_ids(old.open_operation_ids),
+            _sorted_ids(old.open_approval_ids),
+        )
+    else:
+        slot = Closed(
+            old.execution_id, old.status, to_ms(old.closed_at), old.last_sequence, old.last_event_id
+        )
+    return _checked(slot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,15 +292,12 @@ def _open_digest(operation_ids: tuple[str, ...], approval_ids: tuple[str, ...]) 
     return hashlib.sha256(f"[[{ops}],[{approvals}]]".encode()).hexdigest()[:16]
 
 
-def state_id(
-    execution_id: str, last_sequence: int, open_digest: str, last_event_at: datetime
-) -> str:
-    """``deterministic_id("exec", execution_id, last_sequence, open_digest, last_event_at)``,
-    spelled out: one is made for every published state, most inputs publish one, and the
-    generic function's per-part dispatch cost a tenth of applying a status event. The text
-    hashed is the same (a property test holds the two equal)."""
-    millis = int(last_event_at.timestamp() * 1000)
-    text = f"exec\x1f{execution_id}\x1f{last_sequence}\x1f{open_digest}\x1f{millis}"
+def state_id(execution_id: str, last_sequence: int, open_digest: str, last_event_at: int) -> str:
+    """``deterministic_id("exec", execution_id, last_sequence, open_digest, last_event_at)``
+    for ``last_event_at`` as a time, spelled out: one is made for every published state, and
+    the generic function's per-part dispatch cost a tenth of applying a status event. The
+    text hashed is the same (a property test holds the two equal)."""
+    text = f"exec\x1f{execution_id}\x1f{last_sequence}\x1f{open_digest}\x1f{id_ms(last_event_at)}"
     return "exec-" + _sha256(text.encode()).hexdigest()[:24]
 
 
@@ -201,24 +307,22 @@ def _state(slot: InFlight, status: ExecutionStatus) -> ExecutionState:
     # must not drop it), while a redelivery of the same input gives the same id. Equal ids
     # always mean equal records; the id says nothing about order (the topic offset does).
     # Built without re-validation (once per published state): every value comes from a valid
-    # slot, times are put in the contract's UTC milliseconds as validation would.
+    # slot, its times whole milliseconds in UTC as validation would give them.
+    (execution_id, _, since, first_seen_at, last_event_at, seq, _, operations, approvals) = slot
     return construct(
         ExecutionState,
         {
-            "execution_id": slot.execution_id,
+            "execution_id": execution_id,
             "status": status,
-            "since": to_millis(slot.since),
-            "first_seen_at": to_millis(slot.first_seen_at),
-            "last_event_at": to_millis(slot.last_event_at),
-            "last_sequence": slot.last_sequence,
-            "open_operation_ids": slot.open_operation_ids,
-            "open_approval_ids": slot.open_approval_ids,
+            "since": from_ms(since),
+            "first_seen_at": from_ms(first_seen_at),
+            "last_event_at": from_ms(last_event_at),
+            "last_sequence": seq,
+            "open_operation_ids": operations,
+            "open_approval_ids": approvals,
             "terminal": status in TERMINAL,
             "state_id": state_id(
-                slot.execution_id,
-                slot.last_sequence,
-                _open_digest(slot.open_operation_ids, slot.open_approval_ids),
-                slot.last_event_at,
+                execution_id, seq, _open_digest(operations, approvals), last_event_at
             ),
             "traceparent": None,  # trace context is the shell's to stamp
         },
@@ -231,49 +335,39 @@ def to_state(inflight: InFlight) -> ExecutionState:
 
 
 def _refuse(slot: Slot, kind: AnomalyKind, reason: str) -> ExecutionStep:
-    return ExecutionStep(slot=slot, anomaly=AnomalyFinding(kind=kind, reason=reason))
+    return ExecutionStep(slot, None, AnomalyFinding(kind, reason))
 
 
-def _advance(slot: InFlight | None, event: ExecutionStatusChanged) -> ExecutionStep:
+def _advance(slot: InFlight | None, event: StatusEvent) -> ExecutionStep:
     """Apply an event already known to be acceptable."""
-    at = event.occurred_at
+    event_id, execution_id, seq, status, at = event
     # The status changes, so ``since`` is this event's time. ``last_event_at`` never goes
     # back: producers' clocks may disagree with the sequence; the sequence decides the order,
     # the newest time seen says how recently the execution was heard from.
-    fields = {
-        "kind": "in_flight",
-        "execution_id": event.execution_id,
-        "status": event.status,
-        "since": at,
-        "first_seen_at": at if slot is None else slot.first_seen_at,
-        "last_event_at": at if slot is None else max(slot.last_event_at, at),
-        "last_sequence": event.sequence,
-        "last_event_id": event.event_id,
-        "open_operation_ids": () if slot is None else slot.open_operation_ids,
-        "open_approval_ids": () if slot is None else slot.open_approval_ids,
-    }
-    # Built without re-validation: the event is a valid record, the status was checked
-    # non-terminal by the caller, and the open ids come canonical from the slot.
-    would_be = construct(InFlight, fields)
-    if event.status not in TERMINAL:
-        return ExecutionStep(slot=would_be, published=to_state(would_be))
+    if slot is None:
+        would_be = InFlight(execution_id, status, at, at, at, seq, event_id)
+    else:
+        last = slot.last_event_at
+        would_be = InFlight(
+            execution_id,
+            status,
+            at,
+            slot.first_seen_at,
+            last if last > at else at,
+            seq,
+            event_id,
+            slot.open_operation_ids,
+            slot.open_approval_ids,
+        )
+    if status not in TERMINAL:
+        return ExecutionStep(would_be, _state(would_be, status))
     # The final state is published from the would-be slot; the table keeps only the tombstone.
-    final = _state(would_be, event.status)
-    closed = construct(  # terminal, as checked above
-        Closed,
-        {
-            "kind": "closed",
-            "execution_id": event.execution_id,
-            "status": event.status,
-            "closed_at": at,
-            "last_sequence": event.sequence,
-            "last_event_id": event.event_id,
-        },
+    return ExecutionStep(
+        Closed(execution_id, status, at, seq, event_id), _state(would_be, status), None, True
     )
-    return ExecutionStep(slot=closed, published=final, closed=True)
 
 
-def apply_status(slot: Slot, event: ExecutionStatusChanged) -> ExecutionStep:
+def apply_status(slot: Slot, event: StatusEvent) -> ExecutionStep:
     """Validate one status event against the stored slot and apply it if it is acceptable.
 
     Checks, first match wins: unrecognized symbol; execution already closed (a redelivery of
@@ -286,12 +380,14 @@ def apply_status(slot: Slot, event: ExecutionStatusChanged) -> ExecutionStep:
     watching in the middle of a run. Sequence gaps are accepted (an event may never arrive);
     if a skipped sequence arrives later it is OUT_OF_ORDER.
     """
-    seq, status, eid = event.sequence, event.status, event.event_id
+    eid, _, seq, status, _ = event
     if status not in TERMINAL and status not in NON_TERMINAL:
         return _refuse(
             slot, AnomalyKind.UNRECOGNIZED_SYMBOL, f"unrecognized execution status (seq {seq})"
         )
-    if isinstance(slot, Closed):
+    if slot is None:
+        return _advance(None, event)
+    if type(slot) is Closed:
         if seq == slot.last_sequence or eid == slot.last_event_id:
             return _refuse(
                 slot,
@@ -304,8 +400,6 @@ def apply_status(slot: Slot, event: ExecutionStatusChanged) -> ExecutionStep:
             f"{status} (seq {seq}) after the execution ended {slot.status} "
             f"(seq {slot.last_sequence}); not applied",
         )
-    if slot is None:
-        return _advance(None, event)
     if seq == slot.last_sequence or eid == slot.last_event_id:
         return _refuse(
             slot,
@@ -327,7 +421,7 @@ def apply_status(slot: Slot, event: ExecutionStatusChanged) -> ExecutionStep:
             f"duplicate status: {status} (seq {seq}) does not change the status "
             f"(already {slot.status} since seq {slot.last_sequence})",
         )
-    if not is_legal(slot.status, status):
+    if (slot.status, status) not in LEGAL_TRANSITIONS:
         return _refuse(
             slot,
             AnomalyKind.ILLEGAL_TRANSITION,
@@ -340,31 +434,33 @@ def set_open_items(
     slot: Slot,
     open_operation_ids: Iterable[str],
     open_approval_ids: Iterable[str],
-    at: datetime,
+    at: int,
 ) -> ExecutionStep:
-    """Record what is open for an execution, as the operations/approvals processors report it.
+    """Record what is open for an execution, as its operation and approval books hold it.
 
-    ``at`` is the event time of the input that changed it. A new state is published only when
-    the sets changed; otherwise the slot is returned untouched (so the table always equals the
-    last published state). Closed or unknown executions are not tracked: nothing happens.
+    ``at`` is the event time (epoch ms) of the input that changed it. A new state is
+    published only when the sets changed; otherwise the slot is returned untouched (so the
+    table always equals the last published state). Closed or unknown executions are not
+    tracked: nothing happens.
     """
-    if not isinstance(slot, InFlight):
-        return ExecutionStep(slot=slot)
+    if type(slot) is not InFlight:
+        return ExecutionStep(slot)
+    ops = open_operation_ids if type(open_operation_ids) is tuple else None
+    approvals = open_approval_ids if type(open_approval_ids) is tuple else None
+    if ops == slot.open_operation_ids and approvals == slot.open_approval_ids:
+        return ExecutionStep(slot)  # the common case: the same sorted tuples as before
     ops, approvals = _sorted_ids(open_operation_ids), _sorted_ids(open_approval_ids)
     if ops == slot.open_operation_ids and approvals == slot.open_approval_ids:
-        return ExecutionStep(slot=slot)
-    if at.tzinfo is None:
-        raise ValueError("set_open_items needs an aware event time")
-    new = replace(
-        slot,
+        return ExecutionStep(slot)
+    new = slot._replace(
         open_operation_ids=ops,
         open_approval_ids=approvals,
-        last_event_at=max(slot.last_event_at, to_millis(at)),
+        last_event_at=max(slot.last_event_at, at),
     )
-    return ExecutionStep(slot=new, published=to_state(new))
+    return ExecutionStep(new, to_state(new))
 
 
-def rebuild(events: Iterable[ExecutionStatusChanged]) -> Slot:
+def rebuild(events: Iterable[StatusEvent]) -> Slot:
     """The slot that the *accepted* status events of one execution describe.
 
     Written as a direct fold, independent of ``apply_status``, and trusting its input (no
@@ -379,16 +475,16 @@ def rebuild(events: Iterable[ExecutionStatusChanged]) -> Slot:
         return Closed(
             execution_id=last.execution_id,
             status=last.status,
-            closed_at=last.occurred_at,
+            closed_at=last.at,
             last_sequence=last.sequence,
             last_event_id=last.event_id,
         )
     return InFlight(
         execution_id=last.execution_id,
         status=last.status,
-        since=last.occurred_at,
-        first_seen_at=first.occurred_at,
-        last_event_at=max(e.occurred_at for e in accepted),
+        since=last.at,
+        first_seen_at=first.at,
+        last_event_at=max(e.at for e in accepted),
         last_sequence=last.sequence,
         last_event_id=last.event_id,
     )
