@@ -517,8 +517,8 @@ def _parts(entry: Any) -> tuple[tuple[str | None, Callable[[str], Any]], ...]:
     return (
         (entry.inflight, _in_flight),
         (entry.closed, _closed),
-        (entry.operations, ops.OperationBook.model_validate_json),
-        (entry.approvals, ap.ApprovalBook.model_validate_json),
+        (entry.operations, ops.load_book),
+        (entry.approvals, ap.Ledger.loads),
     )
 
 
@@ -526,23 +526,16 @@ def _dump_json(model: Any) -> str:
     return model.model_dump_json()  # type: ignore[no-any-return]
 
 
-def _dump_json_lean(model: Any) -> str:
-    """Without the fields that are None: every nullable field of an operation book defaults
-    to None, so loading gives the same book, and an in-flight execution's entry is about a
-    sixth smaller (memory per in-flight execution, BENCHMARKS.md)."""
-    return model.model_dump_json(exclude_none=True)  # type: ignore[no-any-return]
-
-
 #: How each book of an execution is read from its entry.
 _PARSE: dict[str, Callable[[str], Any]] = {
-    "operations": ops.OperationBook.model_validate_json,
-    "approvals": ap.ApprovalBook.model_validate_json,
+    "operations": ops.load_book,
+    "approvals": ap.Ledger.loads,
 }
 
 #: How each part of an execution is written into its entry.
 _DUMP: dict[str, Callable[[Any], str]] = {
     "inflight": ex.dump_slot,
     "closed": ex.dump_slot,
-    "operations": _dump_json_lean,
-    "approvals": _dump_json,
+    "operations": ops.dump_book,
+    "approvals": ap.Ledger.dumps,
 }

@@ -54,7 +54,7 @@ def execution_view(
     slot = ex.load_slot(inflight) if inflight is not None else None
     if slot is None and closed is not None:
         slot = ex.load_slot(closed)
-    book = ops.OperationBook.model_validate_json(operations) if operations else None
+    book = ops.load_book(operations) if operations else None
     abook = ap.ApprovalBook.model_validate_json(approvals) if approvals else None
     if slot is None and book is None and abook is None:
         return None

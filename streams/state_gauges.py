@@ -49,12 +49,12 @@ def count_state(raw_entries: Iterable[bytes | str]) -> StateCounts:
         e = Entry.decode(raw)
         in_flight += e.inflight is not None
         if e.operations:
-            book = ops.OperationBook.model_validate_json(e.operations)
+            book = ops.load_book(e.operations)
             for op in book.operations.values():
                 for rec in op.attempts.values():
                     if rec.status == OperationStatus.UNKNOWN:
                         unknown += 1
-                        since = rec.since.timestamp()
+                        since = rec.since / 1000  # epoch ms
                         oldest = since if oldest is None else min(oldest, since)
                     work += rec.work_item_id is not None
         if e.approvals:

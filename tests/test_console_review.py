@@ -21,6 +21,7 @@ from streams.console.review import (
     write_allowed,
 )
 from streams.core import operations as ops
+from streams.core.executions import to_ms
 from streams.models.enums import EvidenceSource, OperationEventKind, OperationStatus
 from streams.models.events import OperationEvent
 from streams.models.outputs import OperationState
@@ -49,13 +50,13 @@ def _event(op: str, attempt: int, kind: K, at: datetime, source: EvidenceSource,
 def _book(steps: list[tuple[str, int, K, EvidenceSource, int]]) -> ops.OperationBook:
     """A real book: the core applies each event, advancing stream time between them (so
     reply timeouts fire and attempts become UNKNOWN with work items)."""
-    book = ops.OperationBook(execution_id=EX)
+    book = ops.OperationBook(EX)
     t = T0
     for n, (op, attempt, kind, source, gap) in enumerate(steps):
         t += timedelta(seconds=gap)
-        book = ops.advance(book, t).book
+        book = ops.advance(book, to_ms(t)).book
         book = ops.apply_event(book, _event(op, attempt, kind, t, source, n), CONFIG).book
-    return ops.advance(book, t + timedelta(minutes=1)).book
+    return ops.advance(book, to_ms(t + timedelta(minutes=1))).book
 
 
 def _state(book: ops.OperationBook, op: str) -> OperationState:

@@ -17,7 +17,7 @@ from streams.core.operations import (
 from streams.models.enums import AlertKind, RetryVerdict, WorkItemKind
 from streams.models.events import OperationEvent
 from streams.models.outputs import Alert, OperationState, WorkItemResolution
-from tests.test_core_operations import CFG, TABLE, E, K, S, Tick, _steps, at, ev, of, run
+from tests.test_core_operations import CFG, TABLE, E, K, S, Tick, _steps, at, ev, ms, of, run
 
 V = RetryVerdict
 
@@ -44,7 +44,7 @@ def _unknown_then_forbidden_retry_rejected() -> tuple[OperationStep, list[Operat
     states: list[OperationState] = []
     step = run(ev(K.SENT, 0, attempt=1))
     states += of(step, OperationState)
-    step = advance(step.book, at(31), CFG)
+    step = advance(step.book, ms(31))
     states += of(step, OperationState)
     step = run(ev(K.SENT, 40, attempt=2), book=step.book)
     assert [a.kind for a in of(step, Alert)] == [AlertKind.FORBIDDEN_RETRY]
@@ -105,7 +105,7 @@ def test_attempt_1_verified_after_the_rejected_retry_says_not_needed() -> None:
 
 def test_a_timeout_of_an_older_attempt_republishes_the_operation() -> None:
     book = run(ev(K.SENT, 0, attempt=1), ev(K.SENT, 5, attempt=2)).book
-    fired = advance(book, at(31), CFG)
+    fired = advance(book, ms(31))
     (state,) = of(fired, OperationState)
     assert (state.attempt, state.status, state.retry) == (2, S.SENT, V.FORBIDDEN)
     assert (state.held_by_attempt, state.held_by_status) == (1, S.UNKNOWN)
@@ -115,7 +115,7 @@ def test_a_timeout_of_an_older_attempt_republishes_the_operation() -> None:
 
 def test_an_operation_sharing_the_idempotency_key_holds_the_verdict_back() -> None:
     book = run(ev(K.SENT, 0, op="op-1", key="pay-7")).book
-    book = advance(book, at(31), CFG).book  # op-1 UNKNOWN
+    book = advance(book, ms(31)).book  # op-1 UNKNOWN
     step = run(
         ev(K.SENT, 40, op="op-2", key="pay-7"),
         ev(K.FAILED, 41, op="op-2", key="pay-7", source=E.CONNECTOR),
@@ -143,7 +143,7 @@ def test_a_later_attempt_back_in_the_same_state_gets_a_new_state_id() -> None:
     states = of(second, OperationState)
     first = run(ev(K.SENT, 2, attempt=1), book=second.book)  # a forbidden retry ...
     assert of(first, Alert) and not of(first, OperationState)  # ... the verdict stays WAIT
-    fired = advance(first.book, at(32), CFG)
+    fired = advance(first.book, ms(32))
     states += of(fired, OperationState)
     again = run(ev(K.FAILED, 50, attempt=1, source=E.CONNECTOR), book=fired.book)
     states += of(again, OperationState)
@@ -153,7 +153,7 @@ def test_a_later_attempt_back_in_the_same_state_gets_a_new_state_id() -> None:
 
 
 def test_alternating_review_at_one_instant_gives_distinct_state_ids() -> None:
-    book = advance(run(ev(K.SENT)).book, at(31), CFG).book
+    book = advance(run(ev(K.SENT)).book, ms(31)).book
     step = run(
         ev(K.RECONCILING, 40, source=E.RECONCILER),
         ev(K.MANUAL_REVIEW, 40, source=E.RECONCILER),
@@ -205,9 +205,9 @@ def _play_fine(steps: list) -> list[tuple[object, OperationStep]]:
                     ),
                     default=None,
                 )
-                if due is None or due > at(s.seconds):
+                if due is None or due > ms(s.seconds):
                     break
-                step = advance(book, due, CFG)
+                step = advance(book, due)
                 log.append((s, step))
                 book = step.book
         else:

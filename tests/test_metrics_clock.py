@@ -96,9 +96,9 @@ def test_oldest_unknown_operation_since() -> None:
     for raw in proc.stores.executions.values():
         e = Entry.decode(raw)
         if e.operations:
-            book = sg.ops.OperationBook.model_validate_json(e.operations)
+            book = sg.ops.load_book(e.operations)
             since += [
-                r.since.timestamp()
+                r.since / 1000
                 for op in book.operations.values()
                 for r in op.attempts.values()
                 if r.status == OperationStatus.UNKNOWN

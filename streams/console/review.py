@@ -48,7 +48,7 @@ from urllib.parse import urlsplit
 
 from streams.core import operations as ops
 from streams.core.ids import deterministic_id
-from streams.models.base import construct, to_millis
+from streams.models.base import to_millis
 from streams.models.enums import (
     AnomalyKind,
     EvidenceSource,
@@ -185,42 +185,20 @@ def _attempt_record(attempt: int, status: S, connector: str) -> ops.AttemptRecor
     the status itself: VERIFIED and FAILED are only ever entered by their own event and
     end the attempt, and a repeated MANUAL_REVIEW is judged on the status alone."""
     own_kind = (K(status.value),) if status.value in K.__members__ else ()
-    return construct(
-        ops.AttemptRecord,
-        {
-            "attempt": attempt,
-            "connector": connector,
-            "idempotency_key": None,
-            "status": status,
-            "reason": None,
-            "since": datetime(1970, 1, 1, tzinfo=UTC),
-            "sent": status is not S.PREPARED,
-            "reply_due_at": None,
-            "verify_due_at": None,
-            "effect_ref": None,
-            "work_item_id": None,
-            "work_item_kind": None,
-            "alert_id": None,
-            "kinds": own_kind,
-            "event_ids": (),
-        },
+    return ops.AttemptRecord(
+        attempt, connector, None, status, None, 0, status is not S.PREPARED, kinds=own_kind
     )
 
 
 def core_refusal(attempt: int, status: S, event: OperationEvent) -> tuple[AnomalyKind, str] | None:
     """What the pipeline's core would say to ``event`` on an attempt in ``status``: None when
     it applies it, else the anomaly kind and its reason."""
-    book = construct(
-        ops.OperationBook,
+    book = ops.OperationBook(
+        event.execution_id,
         {
-            "execution_id": event.execution_id,
-            "operations": {
-                event.operation_id: ops.OperationRecord(
-                    operation_id=event.operation_id,
-                    attempts={attempt: _attempt_record(attempt, status, event.connector)},
-                )
-            },
-            "by_idempotency_key": {},
+            event.operation_id: ops.OperationRecord(
+                event.operation_id, {attempt: _attempt_record(attempt, status, event.connector)}
+            )
         },
     )
     step = ops.apply_event(book, event, ops.OperationConfig())

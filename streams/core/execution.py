@@ -37,7 +37,6 @@ from streams.core import operations as ops
 from streams.core import trace
 from streams.core.executions import from_ms, to_ms
 from streams.core.findings import AnomalyFinding
-from streams.core.ids import deterministic_id
 from streams.models import events as ev
 from streams.models.base import Record
 from streams.models.outputs import ApprovalVerdict
@@ -111,7 +110,7 @@ class Snapshot:
     inflight: ex.InFlight | None
     closed: ex.Closed | None
     operations: ops.OperationBook | None
-    approvals: ap.ApprovalBook | None
+    approvals: ap.Ledger | None
 
 
 #: A book not decoded yet (``Execution``'s ``load`` decodes it when first needed).
@@ -144,7 +143,7 @@ class Execution:
         inflight: ex.InFlight | None = None,
         closed: ex.Closed | None = None,
         operations: ops.OperationBook | object | None = None,
-        approvals: ap.ApprovalBook | object | None = None,
+        approvals: ap.Ledger | object | None = None,
         load: Callable[[str], Any] | None = None,
     ) -> None:
         """``operations`` and ``approvals`` may be ``UNLOADED``: ``load(name)`` then gives
@@ -171,14 +170,14 @@ class Execution:
         self._operations = book
 
     @property
-    def approvals(self) -> ap.ApprovalBook | None:
+    def approvals(self) -> ap.Ledger | None:
         book = self._approvals
         if book is UNLOADED:
             book = self._approvals = self._load("approvals")  # type: ignore[misc]
         return book  # type: ignore[return-value]
 
     @approvals.setter
-    def approvals(self, book: ap.ApprovalBook | None) -> None:
+    def approvals(self, book: ap.Ledger | None) -> None:
         self._approvals = book
 
     def snapshot(self) -> Snapshot:
@@ -231,7 +230,7 @@ class Execution:
         result = ex.set_open_items(
             slot,
             ops.open_operation_ids(self.operations),
-            ap.open_request_ids(book) if book is not None else (),
+            book.open_request_ids() if book is not None else (),
             at,
         )
         if result.published is not None:
@@ -244,7 +243,7 @@ class Execution:
         if book is not None:
             # Deadlines before this event, judged on this topic's own order: a reply stamped
             # after its deadline finds the attempt already UNKNOWN, live and in a replay.
-            before = ops.advance(book, event.occurred_at - ONE_MS)
+            before = ops.advance(book, to_ms(event.occurred_at) - 1)
             step.outputs.extend(before.outputs)
             book = before.book
         result = ops.apply_event(book, event, config)
@@ -262,14 +261,16 @@ class Execution:
         self.changed.add("operations")
         due = ops.next_deadline(book)
         if due is not None:
-            step.due.append(to_ms(due))
+            step.due.append(due)
 
     def _on_approval_fact(self, event: ap.ApprovalEvent, step: Step) -> None:
         """Facts are kept at once and judged when stream time passes them, so a decision and
         its receipt meet whichever topic delivers first, and a fact that comes before its
         request waits for it in the book."""
-        book = self.approvals or ap.ApprovalBook(execution_id=self.execution_id)
-        self.approvals = ap.add_fact(book, event)
+        book = self.approvals
+        if book is None:
+            book = self.approvals = ap.Ledger(self.execution_id)
+        book.add(event)
         self.changed.add("approvals")
         step.trace_key = trace.key_of_input(event)
         step.due.append(to_ms(event.occurred_at))
@@ -286,7 +287,7 @@ class Execution:
         changed_at: int | None = None
         book = self.operations
         if book is not None:
-            result = ops.advance(book, from_ms(horizon))
+            result = ops.advance(book, horizon)
             if result.outputs:
                 step.outputs.extend(result.outputs)
                 self._set_operations(result.book, step)
@@ -298,41 +299,27 @@ class Execution:
             self._sync_open_items(changed_at, step)
         return step
 
-    def _advance_approvals(self, horizon_ms: int, step: Step) -> int | None:
+    def _advance_approvals(self, horizon: int, step: Step) -> int | None:
         book = self.approvals
         if book is None:
             return None
         rules = self.rules
-        horizon = from_ms(horizon_ms)
-        joined = ap.JoinedFacts(rules.thresholds_for)  # computed once for both calls
-        new_book, verdicts = ap.advance(book, horizon, rules.thresholds_for, joined)
-        new_book, orphans = ap.take_orphans(new_book, horizon - rules.orphan_after)
-        new_book = ap.purge_closed(new_book, horizon - rules.closed_retention)
-        # The id of the verdict record each request leaves, made only for requests that
-        # change (most advances change none).
-        previous_ids: dict[str, str] = {}
-        for v in verdicts:
-            previous_id = previous_ids.get(v.request_id)
-            if previous_id is None and v.request_id in book.last_verdicts:
-                lv = book.last_verdicts[v.request_id]
-                previous_id = deterministic_id("verdict", v.request_id, lv.verdict, lv.since)
-            step.outputs.append(Verdict(v, previous_id))
-            previous_ids[v.request_id] = v.verdict_id
-        step.outputs.extend(Orphan(rid, last_fact) for rid, last_fact in orphans)
-        # ``advance`` moves ``evaluated_until`` almost every time: that differs first, and
-        # spares comparing every request's facts field by field
-        if new_book is not book and (
-            new_book.evaluated_until != book.evaluated_until or new_book != book
-        ):
-            self.approvals = new_book
+        book.touched = False
+        verdicts = book.advance(horizon, rules.thresholds_for)
+        orphans = book.take_orphans(horizon - rules.orphan_after // ONE_MS)
+        book.purge_closed(horizon - rules.closed_retention_ms)
+        for record, previous_id in verdicts:
+            step.outputs.append(Verdict(record, previous_id))
+        step.outputs.extend(Orphan(rid, from_ms(last_fact)) for rid, last_fact in orphans)
+        if book.touched:
             self.changed.add("approvals")
-        change = ap.next_change(new_book, rules.thresholds_for, joined)
+        change = book.next_change(rules.thresholds_for)
         if change is not None:
-            step.due.append(to_ms(change))
-        orphaned = ap.orphan_deadline(new_book, rules.orphan_after)
+            step.due.append(change)
+        orphaned = book.orphan_deadline(rules.orphan_after // ONE_MS)
         if orphaned is not None:  # take_orphans needs the horizon strictly past it
-            step.due.append(to_ms(orphaned) + 1)
-        return max((to_ms(v.evaluated_at) for v in verdicts), default=None)
+            step.due.append(orphaned + 1)
+        return max((to_ms(v.evaluated_at) for v, _ in verdicts), default=None)
 
     def next_due(self) -> list[int]:
         """Every instant at which ``advance`` has something to do, as stored (after a restart
@@ -345,14 +332,14 @@ class Execution:
         if self.operations is not None:
             deadline = ops.next_deadline(self.operations)
             if deadline is not None:
-                due.append(to_ms(deadline))
+                due.append(deadline)
         book = self.approvals
         if book is not None:
-            change = ap.next_change(book, self.rules.thresholds_for)
+            change = book.next_change(self.rules.thresholds_for)
             if change is not None:
-                due.append(to_ms(change))
+                due.append(change)
             if book.dirty:
-                due.extend(to_ms(t) for t in _times_after(book, book.evaluated_until))
+                due.extend(book.times_after(book.evaluated_until))
         if self.closed is not None:
             due.append(self.closed.closed_at + self.rules.closed_retention_ms)
         return due
@@ -360,9 +347,7 @@ class Execution:
     def pending_dirty(self) -> bool:
         """Facts stored but not judged, none of them after ``evaluated_until``."""
         book = self.approvals
-        return (
-            book is not None and bool(book.dirty) and not _times_after(book, book.evaluated_until)
-        )
+        return book is not None and bool(book.dirty) and not book.times_after(book.evaluated_until)
 
 
 def _stamp(record: Record) -> int:
@@ -370,27 +355,3 @@ def _stamp(record: Record) -> int:
     ``timestamp()``, as the shell stamps records)."""
     value = getattr(record, record.time_field)  # type: ignore[arg-type]
     return int(value.timestamp() * 1000)
-
-
-def _times_after(value: Any, after: datetime | None) -> set[datetime]:
-    """Every time in a state model later than ``after``."""
-    from pydantic import BaseModel
-
-    out: set[datetime] = set()
-
-    def walk(v: Any) -> None:
-        if isinstance(v, datetime):
-            if after is None or v > after:
-                out.add(v)
-        elif isinstance(v, BaseModel):
-            for name in type(v).model_fields:
-                walk(getattr(v, name))
-        elif isinstance(v, dict):
-            for x in v.values():
-                walk(x)
-        elif isinstance(v, tuple | list):
-            for x in v:
-                walk(x)
-
-    walk(value)
-    return out

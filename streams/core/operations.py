@@ -1,12 +1,16 @@
 """Operation effect tracking: did an effect happen in the outside world?
 
-The shell keeps one ``OperationBook`` per execution id (JSON in a table; all of an execution's
-operations share its partition) and calls:
+The execution aggregate (``streams.core.execution``) holds one ``OperationBook`` per execution
+(stored with ``dump_book`` in the execution's entry; all of an execution's operations share its
+partition) and calls:
 
 - ``apply_event`` for every ``OperationEvent``;
 - ``advance`` whenever stream time moves (event time or a clock tick from the log), so a
   timeout fires even when the partition has gone quiet;
 - ``next_deadline`` to index the book in its timer index.
+
+The book is made of plain immutable records (named tuples, a slotted dataclass), its times
+integer epoch milliseconds; the published records carry them as times.
 
 Why it is shaped like this:
 
@@ -34,15 +38,18 @@ Why it is shaped like this:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
+from typing import Any, NamedTuple
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
+from streams.core.executions import from_ms, id_ms, to_ms
 from streams.core.findings import AnomalyFinding
 from streams.core.ids import deterministic_id
-from streams.models.base import Record, construct, replace, to_millis
+from streams.models.base import Record, construct
 from streams.models.enums import (
     AlertKind,
     AlertStatus,
@@ -72,9 +79,10 @@ SETTLED: frozenset[OperationStatus] = frozenset({S.VERIFIED, S.FAILED, S.CANCELL
 RECONCILIATION: frozenset[OperationStatus] = frozenset({S.UNKNOWN, S.RECONCILING, S.MANUAL_REVIEW})
 #: The request was handed to the connector and the outcome is not settled.
 IN_FLIGHT: frozenset[OperationStatus] = frozenset({S.SENT, S.ACKNOWLEDGED}) | RECONCILIATION
-#: A new send while another attempt is in one of these risks a duplicate effect. The specification
-#: lists the in-flight ones; VERIFIED is added because a resend after a confirmed effect *is* a
-#: duplicate effect (unless the connector honours the idempotency key, which we cannot see).
+#: A new send while another attempt is in one of these risks a duplicate effect
+#: (docs/rules.md#forbidden-retry): the in-flight ones, and VERIFIED, because a resend after a
+#: confirmed effect *is* a duplicate effect (unless the connector honours the idempotency key,
+#: which we cannot see).
 BLOCKS_RETRY: frozenset[OperationStatus] = IN_FLIGHT | {S.VERIFIED}
 #: Statuses an attempt may enter more than once (a reviewer hands back to the reconciler).
 _REPEATABLE: frozenset[OperationStatus] = frozenset({S.RECONCILING, S.MANUAL_REVIEW})
@@ -150,25 +158,29 @@ class OperationConfig:
     def timeouts(self, connector: str) -> tuple[timedelta, timedelta]:
         return self.overrides.get(connector, (self.reply_timeout, self.verify_timeout))
 
+    def timeouts_ms(self, connector: str) -> tuple[int, int]:
+        """``timeouts`` in whole milliseconds (a deadline is kept to the millisecond)."""
+        reply, verify = self.timeouts(connector)
+        return reply // _ONE_MS, verify // _ONE_MS
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+
+_ONE_MS = timedelta(milliseconds=1)
 
 
-class AttemptRecord(_Frozen):
-    """What is known about one attempt (one send) of an operation."""
+class AttemptRecord(NamedTuple):
+    """What is known about one attempt (one send) of an operation; times in epoch ms."""
 
     attempt: int
     connector: str
-    idempotency_key: str | None = None
+    idempotency_key: str | None
     status: OperationStatus
-    reason: str | None = None
-    since: AwareDatetime
+    reason: str | None
+    since: int
     #: Sent evidence was seen (SENT, ACKNOWLEDGED or VERIFIED): the forbidden-retry check runs
     #: once per attempt, when this turns true.
     sent: bool = False
-    reply_due_at: AwareDatetime | None = None
-    verify_due_at: AwareDatetime | None = None
+    reply_due_at: int | None = None
+    verify_due_at: int | None = None
     effect_ref: str | None = None
     #: The open reconciliation work item and the FIRING alert that announced it.
     work_item_id: str | None = None
@@ -178,7 +190,7 @@ class AttemptRecord(_Frozen):
     kinds: tuple[OperationEventKind, ...] = ()
     event_ids: tuple[str, ...] = ()
 
-    def armed_deadline(self) -> datetime | None:
+    def armed_deadline(self) -> int | None:
         """The deadline still to fire: the reply while SENT, the verification while
         ACKNOWLEDGED and not yet overdue. Other statuses have an owner already."""
         if self.status is S.SENT:
@@ -188,7 +200,7 @@ class AttemptRecord(_Frozen):
         return None
 
 
-class OperationRecord(_Frozen):
+class OperationRecord(NamedTuple):
     operation_id: str
     attempts: dict[int, AttemptRecord]
 
@@ -198,13 +210,33 @@ class OperationRecord(_Frozen):
         return self.attempts[max(self.attempts)]
 
 
-class OperationBook(_Frozen):
+@dataclass(frozen=True, slots=True)
+class OperationBook:
     """All operations of one execution, and idempotency key → operation ids using it (a key
-    reused by a different operation id is the same effect sent twice)."""
+    reused by a different operation id is the same effect sent twice). A value: every change
+    makes a new book (the dicts are never changed in place).
+
+    ``open_ids`` are the operations not settled (``open_operation_ids``), kept with the book
+    rather than found again for every input."""
 
     execution_id: str
-    operations: dict[str, OperationRecord] = {}
-    by_idempotency_key: dict[str, tuple[str, ...]] = {}
+    operations: dict[str, OperationRecord] = field(default_factory=dict)
+    by_idempotency_key: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    open_ids: tuple[str, ...] = ()
+
+
+def _open_ids(operations: Mapping[str, OperationRecord]) -> tuple[str, ...]:
+    """Operations not settled: the latest attempt is not VERIFIED / FAILED / CANCELLED, or an
+    older attempt that was sent is still unsettled (its work item is still open). An older
+    attempt that was only PREPARED and then superseded does not keep the operation open."""
+    return tuple(
+        sorted(
+            op_id
+            for op_id, op in operations.items()
+            if op.current.status not in SETTLED
+            or any(rec.status in IN_FLIGHT for rec in op.attempts.values())
+        )
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,15 +250,13 @@ class OperationStep:
 
 def _put(book: OperationBook, operation_id: str, rec: AttemptRecord) -> OperationBook:
     old = book.operations.get(operation_id)
-    attempts = {**(old.attempts if old else {}), rec.attempt: rec}
-    # Built without re-validation (on every applied event and fired deadline): the attempts
-    # are valid records keyed by their number.
-    record = construct(OperationRecord, {"operation_id": operation_id, "attempts": attempts})
-    ops = {**book.operations, operation_id: record}
-    index = dict(book.by_idempotency_key)
-    if rec.idempotency_key and operation_id not in index.get(rec.idempotency_key, ()):
-        index[rec.idempotency_key] = (*index.get(rec.idempotency_key, ()), operation_id)
-    return replace(book, operations=ops, by_idempotency_key=index)
+    attempts = {**old.attempts, rec.attempt: rec} if old else {rec.attempt: rec}
+    ops = {**book.operations, operation_id: OperationRecord(operation_id, attempts)}
+    index = book.by_idempotency_key
+    key = rec.idempotency_key
+    if key and operation_id not in index.get(key, ()):
+        index = {**index, key: (*index.get(key, ()), operation_id)}
+    return OperationBook(book.execution_id, ops, index, _open_ids(ops))
 
 
 def _is_current(book: OperationBook, operation_id: str, rec: AttemptRecord) -> bool:
@@ -308,7 +338,7 @@ def _state(book: OperationBook, operation_id: str, cause: str | None = None) -> 
     # The reason is part of the id: ACKNOWLEDGED and ACKNOWLEDGED-but-overdue are two
     # different records with the same status and ``since``. RECONCILING and MANUAL_REVIEW may
     # alternate, at one instant too: the times the status was entered tell them apart.
-    parts: list[object] = [operation_id, rec.attempt, rec.status, rec.since, rec.reason]
+    parts: list[object] = [operation_id, rec.attempt, rec.status, id_ms(rec.since), rec.reason]
     if rec.status in _REPEATABLE:
         entered = sum(1 for k in rec.kinds if k.value == rec.status.value)
         if entered > 1:
@@ -319,7 +349,7 @@ def _state(book: OperationBook, operation_id: str, cause: str | None = None) -> 
     if cause is not None:
         parts += ["after", cause]
     # Built without re-validation (once per published state): every value comes from a valid
-    # attempt, times are put in the contract's UTC milliseconds as validation would.
+    # attempt, its times whole milliseconds in UTC as validation would give them.
     return construct(
         OperationState,
         {
@@ -331,9 +361,9 @@ def _state(book: OperationBook, operation_id: str, cause: str | None = None) -> 
             "status": rec.status,
             "retry": retry,
             "reason": rec.reason,
-            "since": to_millis(rec.since),
-            "reply_due_at": None if reply_due is None else to_millis(reply_due),
-            "verify_due_at": None if verify_due is None else to_millis(verify_due),
+            "since": from_ms(rec.since),
+            "reply_due_at": None if reply_due is None else from_ms(reply_due),
+            "verify_due_at": None if verify_due is None else from_ms(verify_due),
             "effect_ref": rec.effect_ref,
             "open_work_item_id": work_item,
             "state_id": deterministic_id("os", *parts),
@@ -552,7 +582,7 @@ def apply_event(
     this event's time) before applying, so a reply whose event time is past its deadline is
     judged late, the same way live and in a replay.
     """
-    book = book or OperationBook(execution_id=event.execution_id)
+    book = book or OperationBook(event.execution_id)
 
     def refuse(kind: AnomalyKind, reason: str) -> OperationStep:
         return OperationStep(book, (), (AnomalyFinding(kind, reason),))
@@ -576,9 +606,9 @@ def apply_event(
         return OperationStep(book, (), (verdict,))
     status, reason = verdict
 
-    t = event.occurred_at
-    reply_timeout, verify_timeout = config.timeouts(event.connector)
-    update: dict[str, object] = {
+    t = to_ms(event.occurred_at)
+    reply_timeout, verify_timeout = config.timeouts_ms(event.connector)
+    update: dict[str, Any] = {
         "status": status,
         "reason": reason,
         "since": t if old is None or status is not old.status else old.since,
@@ -591,10 +621,12 @@ def apply_event(
     }
     # A deadline before the event itself is nonsense from the producer: it falls due at once.
     if status is S.SENT:
-        update["reply_due_at"] = max(t, event.reply_due_at or to_millis(t + reply_timeout))
+        due = event.reply_due_at
+        update["reply_due_at"] = max(t, to_ms(due) if due else t + reply_timeout)
     if status is S.ACKNOWLEDGED:
-        update["verify_due_at"] = max(t, event.verify_due_at or to_millis(t + verify_timeout))
-    rec = _first_attempt(event.attempt, update) if old is None else replace(old, **update)
+        due = event.verify_due_at
+        update["verify_due_at"] = max(t, to_ms(due) if due else t + verify_timeout)
+    rec = _first_attempt(event.attempt, update) if old is None else old._replace(**update)
 
     settled: list[Record] = []
     alert = None
@@ -602,7 +634,7 @@ def apply_event(
         alert = _forbidden_retry(book, event, rec.idempotency_key)
     if status in SETTLED:
         settled = _settle(book, event.operation_id, rec, event)
-        rec = replace(rec, work_item_id=None, work_item_kind=None, alert_id=None)
+        rec = rec._replace(work_item_id=None, work_item_kind=None, alert_id=None)
     before, book = book, _put(book, event.operation_id, rec)
     cause = f"{event.operation_id}#{event.attempt}:{event.event_id}"
     old_key = old.idempotency_key if old else None
@@ -613,28 +645,24 @@ def apply_event(
     return OperationStep(book, tuple(outputs), ())
 
 
-def _first_attempt(attempt: int, update: dict[str, object]) -> AttemptRecord:
-    """A new attempt from the values ``apply_event`` derived (valid by construction: times
-    from a valid event, enums, tuples), without re-validation; the rest at their defaults."""
-    return construct(
-        AttemptRecord,
-        {
-            "attempt": attempt,
-            "connector": update["connector"],
-            "idempotency_key": update["idempotency_key"],
-            "status": update["status"],
-            "reason": update["reason"],
-            "since": update["since"],
-            "sent": update["sent"],
-            "reply_due_at": update.get("reply_due_at"),
-            "verify_due_at": update.get("verify_due_at"),
-            "effect_ref": update["effect_ref"],
-            "work_item_id": None,
-            "work_item_kind": None,
-            "alert_id": None,
-            "kinds": update["kinds"],
-            "event_ids": update["event_ids"],
-        },
+def _first_attempt(attempt: int, update: dict[str, Any]) -> AttemptRecord:
+    """A new attempt from the values ``apply_event`` derived; the rest at their defaults."""
+    return AttemptRecord(
+        attempt,
+        update["connector"],
+        update["idempotency_key"],
+        update["status"],
+        update["reason"],
+        update["since"],
+        update["sent"],
+        update.get("reply_due_at"),
+        update.get("verify_due_at"),
+        update["effect_ref"],
+        None,
+        None,
+        None,
+        update["kinds"],
+        update["event_ids"],
     )
 
 
@@ -664,8 +692,7 @@ def _fire(
         status, since = S.ACKNOWLEDGED, rec.since
     wi_id = deterministic_id("wi", operation_id, rec.attempt, wi_kind)
     alert_id = deterministic_id("alert", alert_kind, operation_id, rec.attempt, reason)
-    rec = replace(
-        rec,
+    rec = rec._replace(
         status=status,
         since=since,
         reason=reason,
@@ -675,7 +702,7 @@ def _fire(
     )
     before, book = book, _put(book, operation_id, rec)
     out: list[Record] = [*_states(before, book, operation_id, rec, rec.idempotency_key, wi_id)]
-    at = to_millis(deadline)  # as the records' validators would put it
+    at = from_ms(deadline)
     # Both records built without re-validation: every value comes from a valid attempt.
     out.append(
         construct(
@@ -723,7 +750,7 @@ def _fire(
     return book, out
 
 
-def _armed(book: OperationBook) -> Iterable[tuple[datetime, str, int]]:
+def _armed(book: OperationBook) -> Iterable[tuple[int, str, int]]:
     for op_id, op in book.operations.items():
         for rec in op.attempts.values():
             deadline = rec.armed_deadline()
@@ -731,17 +758,14 @@ def _armed(book: OperationBook) -> Iterable[tuple[datetime, str, int]]:
                 yield deadline, op_id, rec.attempt
 
 
-def advance(
-    book: OperationBook, stream_time: datetime, config: OperationConfig | None = None
-) -> OperationStep:
-    """Fire every deadline ≤ ``stream_time``, in (deadline, operation, attempt) order.
+def advance(book: OperationBook, stream_time: int) -> OperationStep:
+    """Fire every deadline ≤ ``stream_time`` (epoch ms), in (deadline, operation, attempt)
+    order.
 
     Idempotent, and advancing in steps equals one big step: a fired deadline is disarmed, and
-    outputs carry the deadline's time, not ``stream_time``. ``config`` is accepted for symmetry
-    with ``apply_event`` but unused: deadlines were fixed when armed, so a configuration change
-    cannot move a deadline that is already running.
+    outputs carry the deadline's time, not ``stream_time``. Deadlines were fixed when armed,
+    so a configuration change cannot move a deadline that is already running.
     """
-    del config
     outputs: list[Record] = []
     for _, op_id, attempt in sorted(d for d in _armed(book) if d[0] <= stream_time):
         book, out = _fire(book, op_id, book.operations[op_id].attempts[attempt])
@@ -749,25 +773,14 @@ def advance(
     return OperationStep(book, tuple(outputs), ())
 
 
-def next_deadline(book: OperationBook | None) -> datetime | None:
-    """The earliest armed deadline of the book, for the shell's timer index."""
+def next_deadline(book: OperationBook | None) -> int | None:
+    """The earliest armed deadline of the book (epoch ms), for the shell's timer index."""
     return min((d for d, _, _ in _armed(book)), default=None) if book else None
 
 
 def open_operation_ids(book: OperationBook | None) -> tuple[str, ...]:
-    """Operations not settled: the latest attempt is not VERIFIED / FAILED / CANCELLED, or an
-    older attempt that was sent is still unsettled (its work item is still open). An older
-    attempt that was only PREPARED and then superseded does not keep the operation open."""
-    if book is None:
-        return ()
-    return tuple(
-        sorted(
-            op_id
-            for op_id, op in book.operations.items()
-            if op.current.status not in SETTLED
-            or any(rec.status in IN_FLIGHT for rec in op.attempts.values())
-        )
-    )
+    """Operations not settled, sorted (see ``_open_ids``)."""
+    return () if book is None else book.open_ids
 
 
 def current_states(book: OperationBook | None) -> tuple[OperationState, ...]:
@@ -778,3 +791,106 @@ def current_states(book: OperationBook | None) -> tuple[OperationState, ...]:
     if book is None:
         return ()
     return tuple(_state(book, op_id) for op_id in sorted(book.operations))
+
+
+# -- storage ------------------------------------------------------------------------------
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_STATUS: dict[str, OperationStatus] = {x.value: x for x in OperationStatus}
+_KIND: dict[str, OperationEventKind] = {x.value: x for x in OperationEventKind}
+_WORK: dict[str, WorkItemKind] = {x.value: x for x in WorkItemKind}
+
+
+def dump_book(book: OperationBook) -> str:
+    """The stored text of a book (format 2): a JSON array of the execution id, each
+    operation as its id and attempts (each attempt's fields in order, times in epoch ms), and
+    the idempotency-key index. ``open_ids`` is not stored: it follows from the operations."""
+    return _dumps(
+        (
+            book.execution_id,
+            [(op_id, list(op.attempts.values())) for op_id, op in book.operations.items()],
+            book.by_idempotency_key,
+        )
+    )
+
+
+def load_book(text: str | bytes) -> OperationBook:
+    """Inverse of ``dump_book``; also reads format 1 (the JSON object entries held before
+    format 2, as 6733ee4 wrote them)."""
+    if text[:1] not in ("[", b"["):
+        return _from_format_1(_StoredBook.model_validate_json(text))
+    execution_id, operations, index = json.loads(text)
+    ops: dict[str, OperationRecord] = {}
+    for op_id, attempts in operations:
+        records: dict[int, AttemptRecord] = {}
+        for a in attempts:
+            work_kind = a[11]
+            rec = AttemptRecord(
+                a[0],
+                a[1],
+                a[2],
+                _STATUS[a[3]],
+                a[4],
+                a[5],
+                a[6],
+                a[7],
+                a[8],
+                a[9],
+                a[10],
+                None if work_kind is None else _WORK[work_kind],
+                a[12],
+                tuple(_KIND[k] for k in a[13]),
+                tuple(a[14]),
+            )
+            records[rec.attempt] = rec
+        ops[op_id] = OperationRecord(op_id, records)
+    keys = {key: tuple(op_ids) for key, op_ids in index.items()}
+    return OperationBook(execution_id, ops, keys, _open_ids(ops))
+
+
+class _Stored(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class _StoredAttempt(_Stored):
+    """An attempt as format 1 stored it (ISO times, fields that are None left out)."""
+
+    attempt: int
+    connector: str
+    idempotency_key: str | None = None
+    status: OperationStatus
+    reason: str | None = None
+    since: AwareDatetime
+    sent: bool = False
+    reply_due_at: AwareDatetime | None = None
+    verify_due_at: AwareDatetime | None = None
+    effect_ref: str | None = None
+    work_item_id: str | None = None
+    work_item_kind: WorkItemKind | None = None
+    alert_id: str | None = None
+    kinds: tuple[OperationEventKind, ...] = ()
+    event_ids: tuple[str, ...] = ()
+
+
+class _StoredOperation(_Stored):
+    operation_id: str
+    attempts: dict[int, _StoredAttempt]
+
+
+class _StoredBook(_Stored):
+    execution_id: str
+    operations: dict[str, _StoredOperation] = {}
+    by_idempotency_key: dict[str, tuple[str, ...]] = {}
+
+
+def _from_format_1(stored: _StoredBook) -> OperationBook:
+    ops: dict[str, OperationRecord] = {}
+    for op_id, op in stored.operations.items():
+        attempts: dict[int, AttemptRecord] = {}
+        for number, a in op.attempts.items():
+            fields = dict(a.__dict__)
+            for name in ("since", "reply_due_at", "verify_due_at"):
+                if fields[name] is not None:
+                    fields[name] = to_ms(fields[name])
+            attempts[number] = AttemptRecord(**fields)
+        ops[op_id] = OperationRecord(op.operation_id, attempts)
+    return OperationBook(stored.execution_id, ops, dict(stored.by_idempotency_key), _open_ids(ops))
