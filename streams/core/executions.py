@@ -97,7 +97,7 @@ def to_ms(t: datetime) -> int:
 
 def from_ms(ms: int) -> datetime:
     """The UTC time of epoch milliseconds, as the contract records carry it."""
-    return EPOCH + timedelta(milliseconds=ms)
+    return EPOCH + ONE_MS * ms
 
 
 def id_ms(ms: int) -> int:
@@ -309,14 +309,16 @@ def _state(slot: InFlight, status: ExecutionStatus) -> ExecutionState:
     # Built without re-validation (once per published state): every value comes from a valid
     # slot, its times whole milliseconds in UTC as validation would give them.
     (execution_id, _, since, first_seen_at, last_event_at, seq, _, operations, approvals) = slot
+    since_t = EPOCH + ONE_MS * since
+    last_t = since_t if last_event_at == since else EPOCH + ONE_MS * last_event_at
     return construct(
         ExecutionState,
         {
             "execution_id": execution_id,
             "status": status,
-            "since": from_ms(since),
-            "first_seen_at": from_ms(first_seen_at),
-            "last_event_at": from_ms(last_event_at),
+            "since": since_t,
+            "first_seen_at": EPOCH + ONE_MS * first_seen_at,
+            "last_event_at": last_t,
             "last_sequence": seq,
             "open_operation_ids": operations,
             "open_approval_ids": approvals,
