@@ -11,7 +11,10 @@ share this one function. Its modules, each resting on the ones before it:
 - ``thresholds``: the three deadlines and their overrides;
 - ``facts``: what is known of one request, and the thresholds that apply to it;
 - ``evaluation``: the proofs, the verdict, the instants where it can change;
-- ``book``: one execution's facts and last verdicts, and the steps the stream takes on them.
+- ``book``: one execution's facts and last verdicts as stored, and the steps on them: the
+  readable form, and the reference the ledger is checked against;
+- ``ledger``: the same book as the stream judges it (slotted records, integer epoch
+  milliseconds, each request's thresholds and change points kept between calls).
 
 Nothing here imports Kafka, Faust or asyncio, or reads a clock.
 """
@@ -47,9 +50,11 @@ from streams.core.approvals.facts import (
     DigestFact,
     FactTime,
     RequestPart,
+    ThresholdResolver,
     resolve_thresholds,
     threshold_resolver,
 )
+from streams.core.approvals.ledger import Ledger, Request
 from streams.core.approvals.thresholds import (
     ThresholdOverrides,
     ThresholdSet,
@@ -118,8 +123,11 @@ __all__ = [
     "FactTime",
     "JoinedFacts",
     "LastVerdict",
+    "Ledger",
+    "Request",
     "RequestPart",
     "ThresholdOverrides",
+    "ThresholdResolver",
     "ThresholdSet",
     "add_fact",
     "advance",

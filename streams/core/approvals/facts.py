@@ -5,7 +5,7 @@ changes and heartbeats), each collection canonical; and the thresholds that appl
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any, TypeVar
 
@@ -145,28 +145,71 @@ def resolve_thresholds(
     return _resolve(part.policy, part.action, part.overrides, policies, defaults)
 
 
-def threshold_resolver(
-    policies: Mapping[str, ThresholdOverrides | ThresholdSet] | None = None,
-    defaults: ThresholdSet | None = None,
-) -> Callable[[ApprovalFacts], ThresholdSet]:
+class ThresholdResolver:
     """``resolve_thresholds`` with the configuration bound: the ``thresholds_for`` of advance.
 
     The answer depends only on the request's policy, action and own overrides, so it is
-    remembered by those: ``advance`` and ``next_change`` ask for every open request each time
-    stream time moves. ``policies`` and ``defaults`` must not change afterwards."""
+    remembered by those (a value, not an identity): stream time moves often and every open
+    request is judged with its thresholds. ``millis`` gives them in milliseconds for the
+    ledger's request records. ``policies`` and ``defaults`` must not change afterwards."""
 
-    fallback = defaults or ThresholdSet()
+    __slots__ = ("_by_ms", "_fallback", "_resolve_for")
 
-    @lru_cache(maxsize=1024)
-    def resolve_for(
-        policy_name: str | None, action: str | None, overrides: ThresholdOverrides
-    ) -> ThresholdSet:
-        return _resolve(policy_name, action, overrides, policies, defaults)
+    def __init__(
+        self,
+        policies: Mapping[str, ThresholdOverrides | ThresholdSet] | None = None,
+        defaults: ThresholdSet | None = None,
+    ) -> None:
+        self._fallback = defaults or ThresholdSet()
 
-    def resolve(facts: ApprovalFacts) -> ThresholdSet:
+        @lru_cache(maxsize=1024)
+        def resolve_for(
+            policy_name: str | None, action: str | None, overrides: ThresholdOverrides
+        ) -> ThresholdSet:
+            return _resolve(policy_name, action, overrides, policies, defaults)
+
+        self._resolve_for = resolve_for
+        self._by_ms: dict[tuple[Any, ...], tuple[int, int, int]] = {}
+
+    def __call__(self, facts: ApprovalFacts) -> ThresholdSet:
         part = facts.request
         if part is None:
-            return fallback
-        return resolve_for(part.policy, part.action, part.overrides)
+            return self._fallback
+        return self._resolve_for(part.policy, part.action, part.overrides)
 
-    return resolve
+    def millis(self, request: Any) -> tuple[int, int, int]:
+        """(grace, heartbeat freshness, delivery deadline) in ms for a ledger ``Request``
+        (its ``policy``, ``action`` and ``overrides`` in ms)."""
+        key = (request.policy, request.action, request.overrides)
+        found = self._by_ms.get(key)
+        if found is None:
+            if len(self._by_ms) >= 1024:
+                self._by_ms.clear()
+            grace, fresh, deadline = request.overrides
+            overrides = ThresholdOverrides(
+                grace=_ms_delta(grace),
+                heartbeat_fresh=_ms_delta(fresh),
+                delivery_deadline=_ms_delta(deadline),
+            )
+            th = self._resolve_for(request.policy, request.action, overrides)
+            found = self._by_ms[key] = (
+                th.grace // _ONE_MS,
+                th.heartbeat_fresh // _ONE_MS,
+                th.delivery_deadline // _ONE_MS,
+            )
+        return found
+
+
+_ONE_MS = timedelta(milliseconds=1)
+
+
+def _ms_delta(ms: int | None) -> timedelta | None:
+    return None if ms is None else timedelta(milliseconds=ms)
+
+
+def threshold_resolver(
+    policies: Mapping[str, ThresholdOverrides | ThresholdSet] | None = None,
+    defaults: ThresholdSet | None = None,
+) -> ThresholdResolver:
+    """``resolve_thresholds`` with the configuration bound (see ``ThresholdResolver``)."""
+    return ThresholdResolver(policies, defaults)
