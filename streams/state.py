@@ -16,10 +16,13 @@ writes one busy execution gets in a batch into one changelog record.
 An entry's text is five fields separated by ASCII RS (0x1e), which JSON text never contains
 unescaped: the JSON of the in-flight slot, the closed slot, the operation book, the approval
 book (each empty when absent) and the applied input positions; a sixth, the trace contexts
-inputs brought (``streams.core.trace``, JSON), only when there are any, so an entry of an
-execution whose inputs carry none is exactly what it was before traces were kept. The table
-stores that text compressed (``streams/compact.py``: about 110 B instead of 760), and reads
-uncompressed text written by earlier versions as it is.
+inputs brought (``streams.core.trace``, JSON), only when there are any. The table stores that
+text compressed (``streams/compact.py``), and reads uncompressed text as it is.
+
+The slots and the operation book are written in format 2: JSON arrays with times in epoch
+milliseconds (``executions.dump_slot``, ``operations.dump_book``). Format 1, JSON objects with
+ISO times, is still read (``load_slot``, ``load_book``), so entries written before format 2 are
+read as they are and each part is written in format 2 when it next changes.
 """
 
 from __future__ import annotations
@@ -37,10 +40,10 @@ FIELDS = ("inflight", "closed", "operations", "approvals")
 #: dropped anyway (Kafka never redelivers them); this bounds an execution whose inputs come
 #: faster than offsets are committed.
 MAX_SEEN = 64
-#: Flushed entries kept decoded at most (see ``ExecutionStore._kept``). A decoded entry (its
-#: slot and books as models) weighs several KiB: 4,096 of them were 300 B per in-flight
-#: execution at 100,000 in flight, and a smaller cache costs the processor a few percent
-#: (BENCHMARKS.md, step 5).
+#: Flushed entries kept decoded at most (see ``ExecutionStore._kept``). A decoded entry weighs
+#: a few KiB: the cache is bounded so that it stays small beside the table at 100,000 in
+#: flight, and large enough that a worker flushing often does not decode its busiest entries
+#: again.
 MAX_KEPT = 1024
 
 #: The key under which an entry's decoded aggregate is kept with its parts (never stored).
@@ -94,7 +97,7 @@ class Entry:
         if compact.is_packed(raw):
             data = compact.unpack(raw)  # type: ignore[arg-type]
         elif isinstance(raw, bytes | bytearray) and raw[:1] == b'"':
-            # text an earlier version logged as a JSON string, recovered raw
+            # an entry's text logged as a JSON string, recovered raw
             data = json.loads(raw)
         else:
             data = raw.decode() if isinstance(raw, bytes | bytearray) else str(raw)

@@ -66,7 +66,8 @@ _LOOPS = (
 )
 _ABORTS = frozenset({S.FAILED, S.CANCELLED, S.EXPIRED})
 
-#: Every legal (from, to) pair, spelled out once so that it can be printed in topology.md.
+#: Every legal (from, to) pair (docs/rules.md#legal-transitions), spelled out once so that it
+#: can be printed in topology.md.
 LEGAL_TRANSITIONS: frozenset[tuple[ExecutionStatus, ExecutionStatus]] = frozenset(
     {*pairwise(_HAPPY_PATH), *_LOOPS} | {(f, t) for f in NON_TERMINAL for t in _ABORTS}
 )
@@ -370,7 +371,8 @@ def _advance(slot: InFlight | None, event: StatusEvent) -> ExecutionStep:
 
 
 def apply_status(slot: Slot, event: StatusEvent) -> ExecutionStep:
-    """Validate one status event against the stored slot and apply it if it is acceptable.
+    """Validate one status event against the stored slot and apply it if it is acceptable
+    (docs/rules.md#applying-a-status-event).
 
     Checks, first match wins: unrecognized symbol; execution already closed (a redelivery of
     the terminal event is a DUPLICATE, anything else AFTER_TERMINAL); same sequence or event id

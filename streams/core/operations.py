@@ -127,7 +127,8 @@ _RESTRICTION: Mapping[RetryVerdict, int] = {
 
 
 def retry_verdict(status: OperationStatus) -> RetryVerdict:
-    """The retry column of the operation status table. A status this build cannot read
+    """The retry column of the operation status table
+    (docs/rules.md#statuses-and-the-retry-verdict). A status this build cannot read
     (UNRECOGNIZED) answers FORBIDDEN: when in doubt, the safe answer is not to send again."""
     return _RETRY.get(status, RetryVerdict.FORBIDDEN)
 

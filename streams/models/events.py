@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from pydantic import Field
 
 from streams.models.base import Millis, Record
@@ -163,8 +161,3 @@ INPUT_MODELS: tuple[type[Record], ...] = (
     RequesterHeartbeat,
     ClockTick,
 )
-
-
-def event_time(event: Record) -> datetime:
-    """Every input carries the time it happened as ``occurred_at``."""
-    return event.occurred_at  # type: ignore[attr-defined,no-any-return]
