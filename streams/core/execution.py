@@ -305,21 +305,20 @@ class Execution:
             return None
         rules = self.rules
         book.touched = False
-        verdicts = book.advance(horizon, rules.thresholds_for)
-        orphans = book.take_orphans(horizon - rules.orphan_after // ONE_MS)
-        book.purge_closed(horizon - rules.closed_retention_ms)
-        for record, previous_id in verdicts:
+        done = book.settle(
+            horizon, rules.thresholds_for, rules.orphan_after // ONE_MS, rules.closed_retention_ms
+        )
+        for record, previous_id in done.verdicts:
             step.outputs.append(Verdict(record, previous_id))
-        step.outputs.extend(Orphan(rid, from_ms(last_fact)) for rid, last_fact in orphans)
+        for rid, last_fact in done.orphans:
+            step.outputs.append(Orphan(rid, from_ms(last_fact)))
         if book.touched:
             self.changed.add("approvals")
-        change = book.next_change(rules.thresholds_for)
-        if change is not None:
-            step.due.append(change)
-        orphaned = book.orphan_deadline(rules.orphan_after // ONE_MS)
-        if orphaned is not None:  # take_orphans needs the horizon strictly past it
-            step.due.append(orphaned + 1)
-        return max((to_ms(v.evaluated_at) for v, _ in verdicts), default=None)
+        if done.change is not None:
+            step.due.append(done.change)
+        if done.orphaned is not None:  # take_orphans needs the horizon strictly past it
+            step.due.append(done.orphaned + 1)
+        return max((to_ms(v.evaluated_at) for v, _ in done.verdicts), default=None)
 
     def next_due(self) -> list[int]:
         """Every instant at which ``advance`` has something to do, as stored (after a restart

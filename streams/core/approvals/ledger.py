@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from streams.core.approvals.book import (
     ApprovalBook,
@@ -227,6 +227,17 @@ def _millis_of(thresholds_for: Callable[[ApprovalFacts], ThresholdSet]) -> Resol
     return resolve
 
 
+class Settled(NamedTuple):
+    """What ``Ledger.settle`` did: the verdicts to publish (each with the id of the record
+    it follows), the orphans taken (request id, latest fact), and when the book is due next
+    (its next change point, its next orphan deadline; None: never)."""
+
+    verdicts: Sequence[tuple[ApprovalVerdict, str | None]]
+    orphans: Sequence[tuple[str, int]]
+    change: int | None
+    orphaned: int | None
+
+
 # -- the ledger ------------------------------------------------------------------------------
 class Ledger:
     """One execution's approval facts and last verdicts, judged in place.
@@ -237,6 +248,7 @@ class Ledger:
     every request's change points depend."""
 
     __slots__ = (
+        "_quiet",
         "_resolve",
         "_thresholds_for",
         "digests",
@@ -263,6 +275,9 @@ class Ledger:
         self.touched = False
         self._thresholds_for: Any = None
         self._resolve: Resolve | None = None
+        #: (the last horizon ``settle`` can move to without judging anything, its settings,
+        #: what it answers then); None: unknown
+        self._quiet: tuple[int, tuple[Any, ...], Settled] | None = None
 
     # -- facts ---------------------------------------------------------------------------
     def add(self, event: ApprovalEvent) -> bool:
@@ -295,6 +310,7 @@ class Ledger:
             self.version += 1
             self.dirty.update(self.requests)
             self.touched = True
+            self._quiet = None
             return True
 
         rid = event.request_id  # type: ignore[union-attr]
@@ -323,6 +339,7 @@ class Ledger:
         r.version = -1
         self.dirty.add(rid)
         self.touched = True
+        self._quiet = None
         return True
 
     @staticmethod
@@ -358,8 +375,73 @@ class Ledger:
         return True
 
     # -- judging -------------------------------------------------------------------------
+    def settle(
+        self,
+        horizon: int,
+        thresholds_for: Callable[[ApprovalFacts], ThresholdSet],
+        orphan_after: int,
+        retention: int,
+    ) -> Settled:
+        """The shell's step at stream time ``horizon`` (ms): ``advance``, then
+        ``take_orphans(horizon - orphan_after)`` and ``purge_closed(horizon - retention)``,
+        and what is due next (``next_change``, ``orphan_deadline``).
+
+        While no fact has come and ``horizon`` is before everything that could change the
+        book (a change point of an open request, an orphan, a purge, a heartbeat or digest
+        that would be pruned), the step only moves ``evaluated_until``: that bound is kept
+        from the last step, so most steps judge nothing and visit no request."""
+        settings = (thresholds_for, orphan_after, retention)
+        quiet = self._quiet
+        if not self.dirty and quiet is not None and horizon <= quiet[0] and quiet[1] == settings:
+            until = self.evaluated_until
+            if until is None or horizon > until:
+                self.evaluated_until = horizon
+                self.touched = True
+            return quiet[2]
+        verdicts = self.advance(horizon, thresholds_for)
+        orphans = self.take_orphans(horizon - orphan_after)
+        self.purge_closed(horizon - retention)
+        change = self.next_change(thresholds_for)
+        orphaned = self.orphan_deadline(orphan_after)
+        self._quiet = (
+            self._quiet_until(change, orphaned, retention),
+            settings,
+            Settled((), (), change, orphaned),
+        )
+        return Settled(verdicts, orphans, change, orphaned)
+
+    def _quiet_until(self, change: int | None, orphaned: int | None, retention: int) -> int:
+        """The last horizon at which ``settle`` would change nothing but ``evaluated_until``."""
+        bound = self.evaluated_until
+        if bound is None:
+            return -(2**63)
+        limits = []
+        if change is not None:
+            limits.append(change - 1)  # a change point is judged once the horizon reaches it
+        if orphaned is not None:
+            limits.append(orphaned)  # an orphan once the horizon is past it
+        last = self.last
+        for rid, r in self.requests.items():
+            if r.request is None:
+                times = r.held_times()
+                if times:
+                    limits.append(max(times) + retention)
+            else:
+                lv = last.get(rid)
+                if lv is not None and lv[0] in CLOSED_VERDICTS:
+                    limits.append(lv[1] + retention)  # purged once the horizon is past it
+        hb = self.heartbeats
+        if len(hb) >= 2:
+            limits.append(hb[1] - 1)  # pruned once two heartbeats are judged
+        for g in self.digests:
+            if g[0] > bound:
+                limits.append(g[0] - 1)  # the digests kept may change once one is judged
+                break
+        return min(limits) if limits else 2**63
+
     def _use(self, thresholds_for: Callable[[ApprovalFacts], ThresholdSet]) -> None:
         if thresholds_for is not self._thresholds_for:
+            self._quiet = None
             self._thresholds_for = thresholds_for
             self._resolve = _millis_of(thresholds_for)
             for r in self.requests.values():
@@ -405,6 +487,7 @@ class Ledger:
         ``(evaluated_until, to]`` are evaluated; a request whose verdict time alone cannot
         change, and whose facts did not, is not visited."""
         self._use(thresholds_for)
+        self._quiet = None
         start = self.evaluated_until
         if start is not None and to < start:
             to = start
@@ -511,6 +594,7 @@ class Ledger:
 
     # -- requests that end -----------------------------------------------------------------
     def _drop(self, gone: Iterable[str]) -> None:
+        self._quiet = None
         for rid in gone:
             del self.requests[rid]
             self.last.pop(rid, None)
