@@ -187,9 +187,10 @@ class Execution:
     def apply(self, event: Record) -> Step:
         """One input of this execution, already checked by the shell (key, time, domain)."""
         step = Step()
-        if isinstance(event, ev.ExecutionStatusChanged):
-            self._on_status(event, step)
-        elif isinstance(event, ev.OperationEvent):
+        cls = type(event)
+        if cls is ev.ExecutionStatusChanged:
+            self._on_status(event, step)  # type: ignore[arg-type]
+        elif cls is ev.OperationEvent:
             self._on_operation(event, step)
         else:
             self._on_approval_fact(event, step)  # type: ignore[arg-type]
@@ -240,10 +241,11 @@ class Execution:
     def _on_operation(self, event: ev.OperationEvent, step: Step) -> None:
         config = self.rules.operations
         book = self.operations
+        at = to_ms(event.occurred_at)
         if book is not None:
             # Deadlines before this event, judged on this topic's own order: a reply stamped
             # after its deadline finds the attempt already UNKNOWN, live and in a replay.
-            before = ops.advance(book, to_ms(event.occurred_at) - 1)
+            before = ops.advance(book, at - 1)
             step.outputs.extend(before.outputs)
             book = before.book
         result = ops.apply_event(book, event, config)
@@ -254,7 +256,7 @@ class Execution:
         step.outputs.extend(Refusal(f) for f in result.anomalies)
         if result.book is not None:
             self._set_operations(result.book, step)
-        self._sync_open_items(to_ms(event.occurred_at), step)
+        self._sync_open_items(at, step)
 
     def _set_operations(self, book: ops.OperationBook, step: Step) -> None:
         self.operations = book

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from itertools import pairwise
@@ -267,8 +266,7 @@ def load_slot(text: str | bytes | None) -> Slot:
     return _checked(slot)
 
 
-@dataclass(frozen=True, slots=True)
-class ExecutionStep:
+class ExecutionStep(NamedTuple):
     """What one input did: the slot to store (``None``: no entry), what to publish or report.
 
     ``closed`` is True exactly when this step moved the execution to a terminal status; the

@@ -166,6 +166,7 @@ class OperationConfig:
 
 
 _ONE_MS = timedelta(milliseconds=1)
+_SENT, _ACKNOWLEDGED = S.SENT, S.ACKNOWLEDGED
 
 
 class AttemptRecord(NamedTuple):
@@ -194,9 +195,10 @@ class AttemptRecord(NamedTuple):
     def armed_deadline(self) -> int | None:
         """The deadline still to fire: the reply while SENT, the verification while
         ACKNOWLEDGED and not yet overdue. Other statuses have an owner already."""
-        if self.status is S.SENT:
+        status = self.status
+        if status is _SENT:
             return self.reply_due_at
-        if self.status is S.ACKNOWLEDGED and self.work_item_id is None:
+        if status is _ACKNOWLEDGED and self.work_item_id is None:
             return self.verify_due_at
         return None
 
@@ -240,8 +242,7 @@ def _open_ids(operations: Mapping[str, OperationRecord]) -> tuple[str, ...]:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class OperationStep:
+class OperationStep(NamedTuple):
     """The new book, the records to publish in this order, and the refused inputs."""
 
     book: OperationBook
