@@ -8,10 +8,11 @@ each entry on its own, rather than a block of them, keeps the table a plain key-
 bytes for values: the store, the changelog and recovery need nothing of their own.
 
 The dictionary is part of the stored format: an entry packed with it can only be read with it.
-``DICTIONARY_V1`` must therefore never change. A better dictionary gets a new version byte,
-and ``unpack`` keeps reading every version it has ever written. Text written before entries
-were compressed (it starts with ``{`` or the field separator, never with a version byte)
-is read as it is.
+``DICTIONARY_V1`` and ``DICTIONARY_V2`` must therefore never change. A better dictionary gets
+a new version byte, and ``unpack`` keeps reading every version it has ever written: entries
+are packed with V2 (made for the format 2 slots and operation book), V1 entries are read.
+Text written before entries were compressed (it starts with ``{``, ``[`` or the field
+separator, never with a version byte) is read as it is.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import zlib
 
 #: First byte of a packed entry: which dictionary it was compressed with.
 V1 = 1
+V2 = 2
 #: 4 KiB window (``wbits`` -12) and a small hash table: an entry is far shorter than the
 #: window, and the compressor's state is copied for every entry, so it is kept small.
 _WBITS = -12
@@ -61,30 +63,51 @@ DICTIONARY_V1 = (
     b'["ex-0000000-op1"]}}\x1e\x1e'
 )
 
-_COMPRESSOR = zlib.compressobj(
-    _LEVEL, zlib.DEFLATED, _WBITS, _MEM_LEVEL, zlib.Z_DEFAULT_STRATEGY, DICTIONARY_V1
+# The same for entries whose slots and operation book are format 2 (JSON arrays, epoch
+# milliseconds: ``streams.state``); the approval book's JSON as in ``DICTIONARY_V1``.
+DICTIONARY_V2 = (
+    DICTIONARY_V1[: DICTIONARY_V1.index(b'"dirty":[]}\x1e') + len(b'"dirty":[]}\x1e')]
+    + b'["c","ex-0000000","COMPLETED",1767225600000,9,"ex-0000000-s9"]\x1e'
+    b'"FAILED","CANCELLED","EXPIRED","VERIFIED","UNKNOWN","MANUAL_REVIEW","RECONCILING",'
+    b'"reply_timeout","verification_timeout","REPLY_TIMEOUT","VERIFICATION_TIMEOUT","wi-","alert-"'
+    b'"RUNNING","WAITING_FOR_APPROVAL","VALIDATING_OUTPUT",["ex-0000000-req1"]]\x1e'
+    b'["ex-0000000",[["ex-0000000-op1",[[1,"mail","idem-ex-0000000-op1","ACKNOWLEDGED",null,'
+    b'1767225600000,true,1767225600000,1767225600000,"ex-0000000-effect",null,null,null,'
+    b'["SENT","ACKNOWLEDGED","VERIFIED"],["ex-0000000-op1-1-sent","ex-0000000-op1-1-acknowledged",'
+    b'"ex-0000000-op1-1-verified"]]]]],{"idem-ex-0000000-op1":["ex-0000000-op1"]}]\x1e\x1e'
+    b'["i","ex-0000000","WAITING_FOR_TOOL",1767225600000,1767225600000,1767225600000,2,'
+    b'"ex-0000000-s2",["ex-0000000-op1"],[]]\x1e\x1e'
+    b'["ex-0000000",[["ex-0000000-op1",[[1,"mail","idem-ex-0000000-op1","SENT",null,'
+    b'1767225600000,true,1767225600000,null,null,null,null,null,["SENT"],'
+    b'["ex-0000000-op1-1-sent"]]]]],{"idem-ex-0000000-op1":["ex-0000000-op1"]}]\x1e\x1e'
 )
-_DECOMPRESSOR = zlib.decompressobj(_WBITS, DICTIONARY_V1)
-_VERSION = bytes([V1])
+
+_DICTIONARIES = {V1: DICTIONARY_V1, V2: DICTIONARY_V2}
+_COMPRESSOR = zlib.compressobj(
+    _LEVEL, zlib.DEFLATED, _WBITS, _MEM_LEVEL, zlib.Z_DEFAULT_STRATEGY, DICTIONARY_V2
+)
+_DECOMPRESSORS = {v: zlib.decompressobj(_WBITS, d) for v, d in _DICTIONARIES.items()}
+_VERSION = bytes([V2])
 
 
 def pack(text: str) -> bytes:
-    """``text`` compressed, behind its version byte. A copy of a compressor already primed
-    with the dictionary costs less than priming a new one."""
+    """``text`` compressed with the newest dictionary, behind its version byte. A copy of a
+    compressor already primed with the dictionary costs less than priming a new one."""
     c = _COMPRESSOR.copy()
     return _VERSION + c.compress(text.encode()) + c.flush()
 
 
 def is_packed(raw: bytes | bytearray | str) -> bool:
-    return isinstance(raw, bytes | bytearray) and len(raw) > 0 and raw[0] == V1
+    return isinstance(raw, bytes | bytearray) and len(raw) > 0 and raw[0] in _DICTIONARIES
 
 
 def unpack(raw: bytes | bytearray) -> str:
-    """The text ``pack`` was given. Raises ``ValueError`` for a version it does not know or
-    bytes that are not what it wrote."""
-    if not raw or raw[0] != V1:
+    """The text ``pack`` was given, with whichever dictionary its version byte names. Raises
+    ``ValueError`` for a version it does not know or bytes that are not what it wrote."""
+    decompressor = _DECOMPRESSORS.get(raw[0]) if raw else None
+    if decompressor is None:
         raise ValueError(f"not a packed entry (version byte {raw[:1]!r})")
-    d = _DECOMPRESSOR.copy()
+    d = decompressor.copy()
     try:
         data = d.decompress(memoryview(raw)[1:]) + d.flush()
     except zlib.error as exc:

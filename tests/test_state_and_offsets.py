@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import zlib
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from streams import compact
+from streams.core import executions as ex
+from streams.core import operations as ops
 from streams.offsets import AckOrder, Check, OffsetGuard
 from streams.state import MAX_SEEN, Entry, ExecutionStore
 
@@ -169,9 +172,12 @@ def test_a_record_delivered_twice_is_acknowledged_twice_in_order() -> None:
 def test_a_packed_entry_reads_back_the_same(inflight, closed, ops, approvals, seen) -> None:
     e = Entry(inflight, closed, ops, approvals, seen)
     packed = e.pack()
-    assert packed[0] == compact.V1
+    assert packed[0] == compact.V2
     assert Entry.decode(packed) == e
     assert Entry.decode(bytearray(packed)) == e
+    # packed with the first dictionary, as entries written before V2 are: still read
+    c = zlib.compressobj(6, zlib.DEFLATED, -12, 4, zlib.Z_DEFAULT_STRATEGY, compact.DICTIONARY_V1)
+    assert Entry.decode(bytes([compact.V1]) + c.compress(e.encode().encode()) + c.flush()) == e
 
 
 def test_entries_written_before_compression_are_read_as_they_are() -> None:
@@ -199,7 +205,7 @@ def test_a_damaged_packed_entry_is_an_error_not_a_wrong_entry() -> None:
         compact.unpack(b"\x07abc")  # a version this code never wrote
 
 
-def test_a_typical_in_flight_entry_packs_to_a_sixth() -> None:
+def test_a_typical_in_flight_entry_packs_smaller_than_in_format_1() -> None:
     # an in-flight execution waiting on an operation, as the memory benchmark keeps 100,000 of
     ex_id, op = "ex-m-0004711", "ex-m-0004711-op1"
     text = Entry(
@@ -219,4 +225,14 @@ def test_a_typical_in_flight_entry_packs_to_a_sixth() -> None:
         ),
         seen=[(0, 3, 120455), (1, 3, 40111)],
     )
-    assert len(text.pack()) * 6 <= len(text.encode())
+    # format 1 packed with the first dictionary (as written before format 2): a sixth
+    c = zlib.compressobj(6, zlib.DEFLATED, -12, 4, zlib.Z_DEFAULT_STRATEGY, compact.DICTIONARY_V1)
+    v1 = 1 + len(c.compress(text.encode().encode()) + c.flush())
+    assert v1 * 6 <= len(text.encode())
+    # the same execution as written now: format 2 packed with V2, smaller still
+    now = Entry(
+        inflight=ex.dump_slot(ex.load_slot(text.inflight)),  # type: ignore[arg-type]
+        operations=ops.dump_book(ops.load_book(text.operations)),  # type: ignore[arg-type]
+        seen=text.seen,
+    )
+    assert len(now.pack()) * 3 <= len(now.encode()) and len(now.pack()) < v1
