@@ -1,4 +1,5 @@
-"""The approval-wait evaluator: examples per verdict, the reference audit, then properties.
+"""The approval-wait evaluator: examples per verdict, the reference audit, then properties;
+the ledger (the book as the stream judges it) held to the reference steps on the stored book.
 
 Times in the helpers are minutes after T0 (2026-07-26T16:00:00Z) unless said otherwise.
 """
@@ -26,8 +27,9 @@ from streams.core.approvals import (
     DecisionFact,
     DeliveryFact,
     DigestFact,
-    JoinedFacts,
     LastVerdict,
+    Ledger,
+    Request,
     RequestPart,
     ThresholdOverrides,
     ThresholdSet,
@@ -38,12 +40,14 @@ from streams.core.approvals import (
     facts_for,
     next_change,
     open_request_ids,
+    orphan_deadline,
     purge_closed,
     resolve_thresholds,
     take_orphans,
     threshold_resolver,
     to_verdict,
 )
+from streams.core.approvals.ledger import Settled, from_ms, id_ms, to_ms
 from streams.core.ids import deterministic_id
 from streams.models.enums import (
     ApprovalVerdictCode,
@@ -1057,26 +1061,214 @@ def test_live_arrival_in_time_order_equals_one_step(events: list[Any]) -> None:
     assert tuple(out) == _run_one_step(events, end)
 
 
-@settings(max_examples=200, deadline=None)
-@given(event_lists(), st.lists(st.integers(-5, 80), min_size=1, max_size=6))
-def test_shared_joined_facts_change_no_answer(events: list[Any], cuts: list[int]) -> None:
-    """The shell's step, ``advance`` then orphans, purge and ``next_change`` on what comes out,
-    with one ``JoinedFacts`` shared by both calls, gives exactly what it gives without: a
-    remembered change point is only reused for the very same fact objects."""
-    plain = shared = ApprovalBook()
-    pending = sorted(events, key=lambda e: e.occurred_at)
-    for cut in sorted(cuts):
-        while pending and pending[0].occurred_at <= mm(cut):
+# ---------------------------------------------------------------------------------------------
+# The ledger (the book as the stream judges it) against the reference steps on the stored book
+# ---------------------------------------------------------------------------------------------
+
+#: The shell's orphan window and closed retention in these tests (minutes).
+ORPHAN_AFTER, RETENTION = 30, 40
+
+
+def _ms(minutes: float) -> int:
+    return to_ms(mm(minutes))
+
+
+def _reference_step(
+    book: ApprovalBook, minute: int
+) -> tuple[ApprovalBook, tuple[Any, ...], Any, datetime | None, datetime | None]:
+    """The shell's step on the stored book, by the reference functions alone."""
+    book, out = advance(book, mm(minute), RESOLVE)
+    book, orphans = take_orphans(book, mm(minute - ORPHAN_AFTER))
+    book = purge_closed(book, mm(minute - RETENTION))
+    window = timedelta(minutes=ORPHAN_AFTER)
+    return book, out, orphans, next_change(book, RESOLVE), orphan_deadline(book, window)
+
+
+def _settle(ledger: Ledger, minute: int) -> Settled:
+    return ledger.settle(_ms(minute), RESOLVE, ORPHAN_AFTER * 60_000, RETENTION * 60_000)
+
+
+def _time(ms: int | None) -> datetime | None:
+    return None if ms is None else from_ms(ms)
+
+
+@st.composite
+def streams_with_orphans(draw: st.DrawFn) -> list[Any]:
+    """``books_with_any_route``, some requests' own event left out (their facts are orphans
+    once the window has passed), some facts late (up to 60 minutes after the rest)."""
+    events = draw(books_with_any_route())
+    dropped = draw(st.sets(st.sampled_from(["r1", "r2", "r3"]), max_size=2))
+    late = timedelta(minutes=draw(st.sampled_from([0, 0, 45, 60])))
+    out = []
+    for e in events:
+        if isinstance(e, ApprovalRequested) and e.request_id in dropped:
+            continue
+        if late and isinstance(e, ApprovalDelivery | ResumeReceipt):
+            e = e.model_copy(update={"occurred_at": e.occurred_at + late})
+        out.append(e)
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    streams_with_orphans(),
+    st.lists(st.integers(-5, 200), min_size=1, max_size=12),
+    st.booleans(),
+)
+def test_the_ledger_settles_exactly_as_the_reference_steps(
+    events: list[Any], cuts: list[int], live: bool
+) -> None:
+    """At every step the ledger publishes the very records the reference steps publish on the
+    stored book (ids, order, evidence), takes the same orphans, says the same next change
+    point and orphan deadline, and holds the same book: equal as a value, dumped to the same
+    JSON, and read back from that JSON to itself. ``live``: facts come in event-time order up
+    to each step's horizon (the stream); else all before the first step (late facts)."""
+    book, ledger = ApprovalBook(), Ledger()
+    pending = sorted(events, key=lambda e: e.occurred_at) if live else list(events)
+    for minute in [*sorted(cuts), 200]:
+        while pending and (not live or pending[0].occurred_at <= mm(minute)):
             e = pending.pop(0)
-            plain, shared = add_fact(plain, e), add_fact(shared, e)
-        joined = JoinedFacts(RESOLVE)
-        plain, plain_out = advance(plain, mm(cut), RESOLVE)
-        shared, shared_out = advance(shared, mm(cut), RESOLVE, joined)
-        assert shared_out == plain_out
-        plain = purge_closed(take_orphans(plain, mm(cut - 30))[0], mm(cut - 40))
-        shared = purge_closed(take_orphans(shared, mm(cut - 30))[0], mm(cut - 40))
-        assert shared == plain
-        assert next_change(shared, RESOLVE, joined) == next_change(plain, RESOLVE)
+            book = add_fact(book, e)
+            ledger.add(e)
+        assert ledger.to_book() == book
+        book, out, orphans, change, orphaned = _reference_step(book, minute)
+        done = _settle(ledger, minute)
+        assert tuple(v for v, _ in done.verdicts) == out
+        assert [(rid, from_ms(t)) for rid, t in done.orphans] == list(orphans)
+        assert (_time(done.change), _time(done.orphaned)) == (change, orphaned)
+        assert ledger.to_book() == book
+        assert ledger.dumps() == book.model_dump_json()
+        assert Ledger.loads(ledger.dumps()).to_book() == book
+        assert ledger.open_request_ids() == open_request_ids(book)
+
+
+@settings(max_examples=300, deadline=None)
+@given(streams_with_orphans(), st.lists(st.integers(-5, 200), min_size=1, max_size=12))
+def test_a_ledger_read_back_between_steps_settles_as_one_kept(
+    events: list[Any], cuts: list[int]
+) -> None:
+    """A worker that stores the book after each step and reads it back (a restart, or an
+    entry evicted from the cache) publishes what one that keeps the ledger publishes, and
+    each verdict names the record it follows: the request's previous verdict, whichever
+    step or process published it."""
+    kept, reread = Ledger(), Ledger()
+    pending = sorted(events, key=lambda e: e.occurred_at)
+    last_id: dict[str, str] = {}
+    for minute in [*sorted(cuts), 200]:
+        while pending and pending[0].occurred_at <= mm(minute):
+            e = pending.pop(0)
+            kept.add(e)
+            reread.add(e)
+        a, b = _settle(kept, minute), _settle(reread, minute)
+        assert a == b
+        for record, previous_id in a.verdicts:
+            assert previous_id == last_id.get(record.request_id)
+            last_id[record.request_id] = record.verdict_id
+        reread = Ledger.loads(reread.dumps())
+        assert reread.to_book() == kept.to_book()
+
+
+@settings(max_examples=200, deadline=None)
+@given(event_lists(), st.randoms(use_true_random=False))
+def test_the_ledger_is_independent_of_arrival_order(events: list[Any], rnd: random.Random) -> None:
+    shuffled = list(events)
+    rnd.shuffle(shuffled)
+    a, b = Ledger(), Ledger()
+    for e in events:
+        a.add(e)
+    for e in shuffled:
+        b.add(e)
+    assert a.to_book() == b.to_book() == book_of(*events)
+    assert _settle(a, 80) == _settle(b, 80)
+
+
+def test_the_ledger_ignores_redeliveries_and_heartbeats_already_superseded() -> None:
+    ledger = Ledger()
+    for e in (requested(0), delivered(1), heartbeat(2), digest(3, "B")):
+        assert ledger.add(e)
+    for e in (requested(0), delivered(1), heartbeat(2), digest(3, "B")):
+        assert not ledger.add(e)
+    _settle(ledger, 6)
+    assert not ledger.add(heartbeat(1))  # older than one judged with: irrelevant
+    assert ledger.add(heartbeat(5.5))  # the new latest heartbeat
+    with pytest.raises(ValueError, match="x2"):
+        ledger.add(heartbeat(7).model_copy(update={"execution_id": "x2"}))
+
+
+def test_the_reference_audit_played_through_the_ledger() -> None:
+    """The six requests of the reference audit as events, settled minute by minute to 16:30
+    by the ledger: the last verdict published per request is the reference one."""
+    last: dict[str, ApprovalVerdictCode] = {}
+    for f in _reference_facts():
+        ledger = Ledger()
+        for e in sorted(_events_of(f), key=lambda e: e.occurred_at):
+            ledger.add(e)
+        for minute in range(-30, 31):
+            for v, _ in _settle(ledger, minute).verdicts:
+                last[v.request_id] = v.verdict
+    assert last == REFERENCE
+
+
+def test_a_quiet_step_only_moves_evaluated_until() -> None:
+    """Between change points a step judges nothing and publishes nothing, and the book it
+    leaves is the one the reference leaves (``evaluated_until`` moved, nothing else)."""
+    ledger, book = Ledger(), ApprovalBook()
+    for e in (requested(0), delivered(1), acked(1), heartbeat(1)):
+        ledger.add(e)
+        book = add_fact(book, e)
+    first = _settle(ledger, 2)
+    book = _reference_step(book, 2)[0]
+    assert first.change == _ms(5)  # the delivery deadline
+    ledger.touched = False
+    quiet = _settle(ledger, 4)
+    assert (quiet.verdicts, quiet.orphans, quiet.change) == ((), (), first.change)
+    assert ledger.touched and ledger.evaluated_until == _ms(4)
+    assert ledger.to_book() == _reference_step(book, 4)[0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-(2**41), 2**45))
+def test_verdict_ids_hash_the_milliseconds_a_datetime_gives(ms: int) -> None:
+    """``id_ms`` is what ``deterministic_id`` reads from the ``datetime`` of the same instant
+    (through the float of ``timestamp()``), so ids published before the ledger stay the same."""
+    t = from_ms(ms)
+    assert to_ms(t) == ms
+    assert id_ms(ms) == int(t.timestamp() * 1000)
+    assert deterministic_id("verdict", "r1", V.WAITING, id_ms(ms)) == deterministic_id(
+        "verdict", "r1", V.WAITING, t
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from([None, "prod", "preview"]),
+    st.sampled_from([None, "deploy", "prod"]),
+    st.tuples(*[st.one_of(st.none(), st.integers(0, 10**6).map(lambda s: s * 1000))] * 3),
+)
+def test_thresholds_in_ms_are_those_resolved(
+    policy: str | None, action: str, overrides: tuple[int | None, int | None, int | None]
+) -> None:
+    policies = {
+        "prod": ThresholdOverrides(grace=timedelta(hours=1)),
+        "preview": ThresholdSet(grace=timedelta(seconds=5), delivery_deadline=timedelta(0)),
+    }
+    resolver = threshold_resolver(policies, ThresholdSet(heartbeat_fresh=timedelta(minutes=3)))
+    request = Request(action, "A", 0, None, "a", "h", Risk.LOW, policy, overrides)
+    grace, fresh, deadline = overrides
+    part = RequestPart(
+        action=action,
+        policy=policy,
+        overrides=ThresholdOverrides(
+            grace=None if grace is None else timedelta(milliseconds=grace),
+            heartbeat_fresh=None if fresh is None else timedelta(milliseconds=fresh),
+            delivery_deadline=None if deadline is None else timedelta(milliseconds=deadline),
+        ),
+    )
+    th = resolve_thresholds(part, policies, ThresholdSet(heartbeat_fresh=timedelta(minutes=3)))
+    ms = timedelta(milliseconds=1)
+    expected = (th.grace // ms, th.heartbeat_fresh // ms, th.delivery_deadline // ms)
+    assert resolver.millis(request) == expected
+    assert resolver(ApprovalFacts(request_id="r", request=part)) == th
 
 
 @settings(max_examples=200, deadline=None)

@@ -24,7 +24,6 @@ from __future__ import annotations
 from streams.core.approvals.book import (
     ApprovalBook,
     ApprovalEvent,
-    JoinedFacts,
     LastVerdict,
     add_fact,
     advance,
@@ -121,7 +120,6 @@ __all__ = [
     "DigestFact",
     "Evaluation",
     "FactTime",
-    "JoinedFacts",
     "LastVerdict",
     "Ledger",
     "Request",

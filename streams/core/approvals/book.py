@@ -1,6 +1,10 @@
-"""The per-execution book the stream keeps: every approval fact of one execution, the
-verdict last published per request, and the steps the shell takes on it (add a fact, advance
-to a stream time, take orphans, purge closed requests, the next change point)."""
+"""The per-execution approval book as stored and read: every approval fact of one execution,
+the verdict last published per request, and the steps on it (add a fact, advance to a stream
+time, take orphans, purge closed requests, the next change point).
+
+Why two forms: this one is the entry's JSON (what the read model, the HTTP API and the gauges
+read) and the reference the stream's form, ``ledger.Ledger``, is held to by the property
+tests; it recomputes every request's thresholds and change points on each call, plainly."""
 
 from __future__ import annotations
 
@@ -190,44 +194,10 @@ def facts_for(book: ApprovalBook, request_id: str) -> ApprovalFacts:
     return replace(facts, digests=book.digests, heartbeats=book.heartbeats)
 
 
-class JoinedFacts:
-    """A request's joined facts, thresholds and change points, remembered for the shell's one
-    step (``advance``, then ``next_change`` on the book that comes out of it).
-
-    Why: both ask for every open request's change points, and between the two the book
-    usually keeps the very same fact objects (``_prune`` most often returns it unchanged).
-    They are remembered by the identity of what they were computed from, the request's own
-    facts and the book's digests and heartbeats, all immutable: a hit is the same input, so
-    the same answer; anything else is computed afresh. ``thresholds_for`` must be the same
-    function for every call. The change points of a step are computed once instead of twice
-    (BENCHMARKS.md, step 7)."""
-
-    __slots__ = ("_known", "thresholds_for")
-
-    def __init__(self, thresholds_for: Callable[[ApprovalFacts], ThresholdSet]) -> None:
-        self.thresholds_for = thresholds_for
-        self._known: dict[str, tuple[Any, ...]] = {}
-
-    def of(
-        self, book: ApprovalBook, request_id: str
-    ) -> tuple[ApprovalFacts, ThresholdSet, tuple[datetime, ...]]:
-        own = book.requests[request_id]
-        digests, heartbeats = book.digests, book.heartbeats
-        hit = self._known.get(request_id)
-        if hit is not None and hit[0] is own and hit[1] is digests and hit[2] is heartbeats:
-            return hit[3], hit[4], hit[5]
-        facts = replace(own, digests=digests, heartbeats=heartbeats)
-        thresholds = self.thresholds_for(facts)
-        points = change_points(facts, thresholds)
-        self._known[request_id] = (own, digests, heartbeats, facts, thresholds, points)
-        return facts, thresholds, points
-
-
 def advance(
     book: ApprovalBook,
     to: datetime,
     thresholds_for: Callable[[ApprovalFacts], ThresholdSet],
-    joined: JoinedFacts | None = None,
 ) -> tuple[ApprovalBook, tuple[ApprovalVerdict, ...]]:
     """Bring every request's verdict up to stream time ``to``.
 
@@ -244,11 +214,10 @@ def advance(
     its effect appears from the first instant evaluated after it was added. A ``to`` behind
     ``evaluated_until`` (stream time never goes back) is treated as ``evaluated_until``.
 
-    ``joined`` (optional) remembers the change points computed here for the caller's
-    ``next_change`` on the resulting book; it changes no answer.
+    This is the reference form, over the stored book; the stream judges through
+    ``ledger.Ledger``, which the property tests hold to the same answers.
     """
     to = to_millis(to)
-    joined = joined or JoinedFacts(thresholds_for)
     start = book.evaluated_until
     if start is not None and to < start:
         to = start
@@ -262,8 +231,9 @@ def advance(
         previous = last.get(rid)
         if rid not in dirty and previous is not None and previous.verdict in _TIME_FINAL:
             continue
-        # joined only for the requests evaluated
-        facts, thresholds, all_points = joined.of(book, rid)
+        facts = facts_for(book, rid)
+        thresholds = thresholds_for(facts)
+        all_points = change_points(facts, thresholds)
         points = {p for p in all_points if (start is None or p > start) and p <= to}
         if rid in dirty or previous is None:
             points.add(to)
@@ -348,13 +318,11 @@ def open_request_ids(book: ApprovalBook) -> tuple[str, ...]:
 def next_change(
     book: ApprovalBook,
     thresholds_for: Callable[[ApprovalFacts], ThresholdSet] | None = None,
-    joined: JoinedFacts | None = None,
 ) -> datetime | None:
     """The earliest change point after ``evaluated_until`` of any request not yet closed:
     when stream time must reach for a verdict to (possibly) change. None if there is none.
-    ``thresholds_for`` must be the one given to ``advance`` (default: the built-in defaults);
-    ``joined``, the one given to it, if any (then its ``thresholds_for`` is the one used)."""
-    joined = joined or JoinedFacts(thresholds_for or threshold_resolver())
+    ``thresholds_for`` must be the one given to ``advance`` (default: the built-in defaults)."""
+    thresholds_for = thresholds_for or threshold_resolver()
     best: datetime | None = None
     for rid, own in book.requests.items():
         if own.request is None:
@@ -362,8 +330,8 @@ def next_change(
         last = book.last_verdicts.get(rid)
         if last is not None and last.verdict in _TIME_FINAL and rid not in book.dirty:
             continue
-        # joined only for the requests that can still change
-        _, _, points = joined.of(book, rid)
+        facts = facts_for(book, rid)
+        points = change_points(facts, thresholds_for(facts))
         for point in points:
             if book.evaluated_until is None or point > book.evaluated_until:
                 if best is None or point < best:

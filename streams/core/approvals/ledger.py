@@ -408,7 +408,7 @@ class Ledger:
             settings,
             Settled((), (), change, orphaned),
         )
-        return Settled(verdicts, orphans, change, orphaned)
+        return Settled(tuple(verdicts), tuple(orphans), change, orphaned)
 
     def _quiet_until(self, change: int | None, orphaned: int | None, retention: int) -> int:
         """The last horizon at which ``settle`` would change nothing but ``evaluated_until``."""
