@@ -371,10 +371,13 @@ class Processor:
 
     def _store(self, execution: Execution) -> None:
         """The parts the last call replaced, into the entry (written at the next flush)."""
-        save, execution_id = self.state.save, execution.execution_id
-        for name in execution.changed:
-            save(execution_id, name, getattr(execution, name), _DUMP[name])
-        execution.changed.clear()
+        changed = execution.changed
+        if changed:
+            self.state.save_parts(
+                execution.execution_id,
+                [(name, getattr(execution, name), _DUMP[name]) for name in changed],
+            )
+            changed.clear()
 
     def _on_input(self, env: Envelope, record: Record, out: list[Emission]) -> None:
         execution = self._execution(record.execution_id)  # type: ignore[attr-defined]

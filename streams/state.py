@@ -28,7 +28,7 @@ read as they are and each part is written in format 2 when it next changes.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -244,6 +244,19 @@ class ExecutionStore:
         e = self.entry(execution_id)
         e.objs[name] = obj
         e.stale[name] = dump
+        self.touch(execution_id)
+
+    def save_parts(
+        self, execution_id: str, parts: Iterable[tuple[str, Any, Callable[[Any], str]]]
+    ) -> None:
+        """``save`` for several fields of one entry: (name, object, dump) each."""
+        e = self._cache.get(execution_id)
+        if e is None:
+            e = self.entry(execution_id)
+        objs, stale = e.objs, e.stale
+        for name, obj, dump in parts:
+            objs[name] = obj
+            stale[name] = dump
         self.touch(execution_id)
 
     # -- applied inputs --------------------------------------------------------------------
