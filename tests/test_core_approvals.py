@@ -1227,6 +1227,73 @@ def test_a_quiet_step_only_moves_evaluated_until() -> None:
 
 
 @settings(max_examples=300, deadline=None)
+@given(
+    st.text(max_size=12),
+    st.one_of(st.none(), st.text(max_size=12)),
+    st.integers(0, 2 * 10**12),
+    st.tuples(*[st.one_of(st.none(), st.integers(0, 10**7))] * 3),
+    st.sampled_from([Risk.LOW, Risk.HIGH]),
+)
+def test_the_ledger_writes_and_reads_the_stored_json_of_any_text_and_time(
+    text: str,
+    maybe: str | None,
+    ms: int,
+    overrides: tuple[int | None, int | None, int | None],
+    risk: Risk,
+) -> None:
+    """Ids, digests and references in any script (quotes, controls, astral characters),
+    times at any millisecond, thresholds of any length: the JSON the ledger writes is the
+    stored book's, byte for byte, and reading it back gives the same book."""
+    grace, fresh, deadline = overrides
+    t = from_ms(ms)
+    events = [
+        ApprovalRequested(
+            event_id="e1",
+            execution_id=text or "x",
+            request_id=text or "r",
+            action=text,
+            action_digest=text,
+            occurred_at=t,
+            expires_at=None if maybe is None else t + timedelta(milliseconds=ms % 7919),
+            approver_ref=maybe,
+            resume_handle=maybe,
+            risk=risk,
+            policy=maybe,
+            grace_seconds=grace,
+            heartbeat_fresh_seconds=fresh,
+            delivery_deadline_seconds=deadline,
+        ),
+        ApprovalDecision(
+            event_id="e2",
+            execution_id=text or "x",
+            request_id=text or "r",
+            occurred_at=t + timedelta(milliseconds=1),
+            decision=D.ACCEPT,
+            action_digest=maybe,
+        ),
+        CurrentActionDigest(
+            event_id="e3", execution_id=text or "x", occurred_at=t, action_digest=text + "\n"
+        ),
+    ]
+    ledger, book = Ledger(), ApprovalBook()
+    for e in events:
+        ledger.add(e)
+        book = add_fact(book, e)
+    for step in (0, 1):
+        assert ledger.dumps() == book.model_dump_json()
+        assert Ledger.loads(ledger.dumps()).to_book() == book == ledger.to_book()
+        if step == 0:
+            ledger.settle(ms + 10, RESOLVE, 60_000, 120_000)
+            book = _reference_step_at(book, t + timedelta(milliseconds=10))
+
+
+def _reference_step_at(book: ApprovalBook, at: datetime) -> ApprovalBook:
+    book = advance(book, at, RESOLVE)[0]
+    book = take_orphans(book, at - timedelta(minutes=1))[0]
+    return purge_closed(book, at - timedelta(minutes=2))
+
+
+@settings(max_examples=300, deadline=None)
 @given(st.integers(-(2**41), 2**45))
 def test_verdict_ids_hash_the_milliseconds_a_datetime_gives(ms: int) -> None:
     """``id_ms`` is what ``deterministic_id`` reads from the ``datetime`` of the same instant

@@ -26,6 +26,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any, NamedTuple
 
 from streams.core.approvals.book import (
@@ -130,8 +131,8 @@ class Request:
         return self.risk is not Risk.LOW
 
 
-def _json(s: str) -> str:
-    return json.dumps(s, ensure_ascii=False)
+#: A JSON string as pydantic writes it (only quotes, backslashes and controls escaped).
+_json: Callable[[str], str] = encode_basestring
 
 
 # Facts are plain tuples whose order is the stored book's canonical order: time, then the
@@ -744,12 +745,18 @@ class Ledger:
 
     @classmethod
     def loads(cls, text: str) -> Ledger:
-        """The ledger of a stored entry's JSON."""
-        return cls.of_book(ApprovalBook.model_validate_json(text))
+        """The ledger of a stored entry's JSON (``ApprovalBook``'s, as every version wrote
+        it), read straight into records; a book the stream cannot have written (a fact of
+        unknown time, say) is read through ``ApprovalBook`` and refused there or here."""
+        try:
+            return _decode(json.loads(text))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return cls.of_book(ApprovalBook.model_validate_json(text))
 
     def dumps(self) -> str:
-        """The stored entry's JSON, as the ``ApprovalBook`` of the same facts dumps it."""
-        return self.to_book().model_dump_json()  # type: ignore[no-any-return]
+        """The stored entry's JSON: exactly what ``to_book().model_dump_json()`` gives,
+        written straight from the records."""
+        return _encode(self)
 
 
 def _set(r: Req, name: str, fact: Any) -> bool:
@@ -1057,3 +1064,127 @@ def _record(
             "traceparent": None,
         },
     )
+
+
+# -- the stored JSON, read and written directly ------------------------------------------------
+_NAIVE_EPOCH = datetime(1970, 1, 1)
+
+
+def _iso(ms: int) -> str:
+    """A time as pydantic writes a UTC ``datetime`` in JSON (``...T16:00:00Z``, or with
+    ``.123000`` when it has milliseconds)."""
+    return '"' + (_NAIVE_EPOCH + timedelta(milliseconds=ms)).isoformat() + 'Z"'
+
+
+def _str(value: str | None) -> str:
+    return "null" if value is None else _json(value)
+
+
+_NO_OVERRIDES = '{"grace":null,"heartbeat_fresh":null,"delivery_deadline":null}'
+
+
+def _encode_request(req: Request) -> str:
+    if req.overrides == (None, None, None):
+        overrides = _NO_OVERRIDES
+    else:
+        overrides = _request_part(req).overrides.model_dump_json()
+    return (
+        f'{{"action":{_str(req.action)},"action_digest":{_str(req.action_digest)},'
+        f'"requested_at":{_iso(req.requested_at)},'
+        f'"expires_at":{"null" if req.expires_at is None else _iso(req.expires_at)},'
+        f'"approver_ref":{_str(req.approver_ref)},"resume_handle":{_str(req.resume_handle)},'
+        f'"risk":{"null" if req.risk is None else _json(req.risk.value)},'
+        f'"policy":{_str(req.policy)},"overrides":{overrides}}}'
+    )
+
+
+def _times(times: Iterable[int]) -> str:
+    return "[" + ",".join(_iso(t) for t in times) + "]"
+
+
+def _encode(ledger: Ledger) -> str:
+    requests = []
+    for rid, r in ledger.requests.items():
+        request = "null" if r.request is None else _encode_request(r.request)
+        deliveries = ",".join(f'{{"at":{_iso(d[0])},"outcome":{d[1]}' for d in r.deliveries)
+        decisions = ",".join(f'{{"at":{_iso(d[0])},"code":{d[1]}' for d in r.decisions)
+        requests.append(
+            f'{_json(rid)}:{{"request_id":{_json(rid)},"execution_id":{_str(r.execution_id)},'
+            f'"request":{request},"deliveries":[{deliveries}],'
+            f'"acknowledgements":{_times(r.acks)},"decisions":[{decisions}],'
+            f'"receipts":{_times(r.receipts)},"digests":[],"heartbeats":[]}}'
+        )
+    digests = ",".join(f'{{"at":{_iso(g[0])},"digest":{g[1]}' for g in ledger.digests)
+    last = ",".join(
+        f'{_json(rid)}:{{"verdict":"{v.value}","since":{_iso(since)}}}'
+        for rid, (v, since) in ledger.last.items()
+    )
+    until = ledger.evaluated_until
+    return (
+        f'{{"execution_id":{_str(ledger.execution_id)},"requests":{{{",".join(requests)}}},'
+        f'"digests":[{digests}],"heartbeats":{_times(ledger.heartbeats)},'
+        f'"last_verdicts":{{{last}}},'
+        f'"evaluated_until":{"null" if until is None else _iso(until)},'
+        f'"dirty":[{",".join(_json(rid) for rid in sorted(ledger.dirty))}]}}'
+    )
+
+
+def _ms_of(text: str) -> int:
+    return to_ms(datetime.fromisoformat(text))
+
+
+def _overrides_ms(value: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
+    if value == {"grace": None, "heartbeat_fresh": None, "delivery_deadline": None}:
+        return (None, None, None)
+    o = ThresholdOverrides.model_validate(value)
+    return (_seconds_ms(o.grace), _seconds_ms(o.heartbeat_fresh), _seconds_ms(o.delivery_deadline))
+
+
+def _decode(data: dict[str, Any]) -> Ledger:
+    """``Ledger.of_book(ApprovalBook.model_validate_json(text))`` for a book the stream
+    wrote: every time known, every collection canonical (sorted again here all the same)."""
+    ledger = Ledger(data["execution_id"])
+    for rid, f in data["requests"].items():
+        if f["request_id"] != rid or f["digests"] or f["heartbeats"]:
+            raise ValueError("not a stream book")
+        r = Req(rid, f["execution_id"])
+        q = f["request"]
+        if q is not None:
+            risk = q["risk"]
+            r.request = Request(
+                q["action"],
+                q["action_digest"],
+                _ms_of(q["requested_at"]),
+                None if q["expires_at"] is None else _ms_of(q["expires_at"]),
+                q["approver_ref"],
+                q["resume_handle"],
+                None if risk is None else Risk(risk),
+                q["policy"],
+                _overrides_ms(q["overrides"]),
+            )
+        r.deliveries = tuple(
+            sorted(
+                {_delivery(_ms_of(d["at"]), DeliveryOutcome(d["outcome"])) for d in f["deliveries"]}
+            )
+        )
+        r.acks = tuple(sorted({_ms_of(t) for t in f["acknowledgements"]}))
+        r.decisions = tuple(
+            sorted(
+                {
+                    _decision(_ms_of(d["at"]), DecisionCode(d["code"]), d["action_digest"])
+                    for d in f["decisions"]
+                }
+            )
+        )
+        r.receipts = tuple(sorted({_ms_of(t) for t in f["receipts"]}))
+        ledger.requests[rid] = r
+    ledger.digests = tuple(sorted({_digest(_ms_of(g["at"]), g["digest"]) for g in data["digests"]}))
+    ledger.heartbeats = tuple(sorted({_ms_of(t) for t in data["heartbeats"]}))
+    ledger.last = {
+        rid: (ApprovalVerdictCode(lv["verdict"]), _ms_of(lv["since"]))
+        for rid, lv in data["last_verdicts"].items()
+    }
+    until = data["evaluated_until"]
+    ledger.evaluated_until = None if until is None else _ms_of(until)
+    ledger.dirty = set(data["dirty"])
+    return ledger
