@@ -89,18 +89,20 @@ class Orphan:
 Output = Record | Refusal | Verdict | Orphan
 
 
-@dataclass(slots=True)
 class Step:
     """What one call did: what to publish, in order; the instants at which ``advance`` must
-    run (as the shell's due-time index takes them; a stale one is harmless); and, for an
-    input that changed something, the key its trace context is remembered under."""
+    run (epoch ms, as the shell's due-time index takes them; a stale one is harmless); and,
+    for an input that changed something, the key its trace context is remembered under and
+    the first output it applies to (those before it are about deadlines that fell before the
+    input). A plain slotted class: one is made per call."""
 
-    outputs: list[Output] = field(default_factory=list)
-    due: list[int] = field(default_factory=list)
-    trace_key: str | None = None
-    #: the first output the input's trace context applies to (those before it are about
-    #: deadlines that fell before the input)
-    traced_from: int = 0
+    __slots__ = ("due", "outputs", "trace_key", "traced_from")
+
+    def __init__(self) -> None:
+        self.outputs: list[Output] = []
+        self.due: list[int] = []
+        self.trace_key: str | None = None
+        self.traced_from = 0
 
 
 @dataclass(frozen=True, slots=True)
