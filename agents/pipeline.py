@@ -17,7 +17,7 @@ import bisect
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import faust
 from faust.types import TP
@@ -117,8 +117,26 @@ async def survive_round(
         failed()
 
 
-#: an input record's coordinates: (topic, partition, offset)
-Position = tuple[str, int, int]
+class Position(NamedTuple):
+    """An input record's coordinates."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class Origin(NamedTuple):
+    """Where the outputs of one input start among a batch's emissions."""
+
+    first: int
+    position: Position
+
+
+class Failure(NamedTuple):
+    """How many failed batches an input was part of the cause of, and the last error."""
+
+    count: int
+    error: str
 
 
 class Checkpoint:
@@ -142,8 +160,8 @@ class Checkpoint:
         self.generation = generation
         #: what the batch's inputs produced, in order
         self.emissions: list[Emission] = []
-        #: (index of its first emission, input position): which input an output came from
-        self.origins: list[tuple[int, Position]] = []
+        #: which input each output came from, in order
+        self.origins: list[Origin] = []
         #: the partitions of the batch's inputs: only their clocks are stored
         self.partitions: set[int] = set()
         #: the value of each output as sent (step 1), for the feed
@@ -151,7 +169,8 @@ class Checkpoint:
 
     def origin(self, index: int) -> Position:
         """The input the ``index``-th emission came from."""
-        return self.origins[bisect.bisect_right(self.origins, index, key=lambda o: o[0]) - 1][1]
+        i = bisect.bisect_right(self.origins, index, key=lambda o: o.first) - 1
+        return self.origins[i].position
 
     async def commit(self, consumer: Any) -> bool:
         """The four steps, in order. False, the rest left undone, when the worker no longer
@@ -268,9 +287,9 @@ class Worker:
         self.metrics = Metrics(self.processor, lambda: _lag(app), self.guard)
         self.approval_index = register_web(app, self.processor, self.feed, settings, self.metrics)
         self.lease = MembershipLease(float(app.conf.broker_session_timeout))
-        #: input position -> (failed batches it was part of the cause of, the last error): a
-        #: record that fails ``VIGIL_MAX_RECORD_FAILURES`` times is quarantined
-        self.failures: dict[Position, tuple[int, str]] = {}
+        #: the inputs that caused failed batches: one that fails ``VIGIL_MAX_RECORD_FAILURES``
+        #: times is quarantined
+        self.failures: dict[Position, Failure] = {}
         #: bumped by every rebalance: a batch, a seek or a write decided in an older
         #: generation is dropped
         self.generation = 0
@@ -500,14 +519,14 @@ class Worker:
                 msg.key,
                 msg.value,
             )
-            position = (msg.topic, msg.partition, msg.offset)
-            origins.append((len(emissions), position))
+            position = Position(msg.topic, msg.partition, msg.offset)
+            origins.append(Origin(len(emissions), position))
             failed = failures.get(position) if failures else None
-            if failed is not None and failed[0] >= limit:
-                log.error("%s[%s]@%s quarantined after %s failed batches", *position, failed[0])
+            if failed is not None and failed.count >= limit:
+                log.error("%s[%s]@%s quarantined after %s failed batches", *position, failed.count)
                 emissions.extend(
                     processor.quarantine(
-                        env, f"{failed[0]} batches failed on it; last: {failed[1]}", token=msg
+                        env, f"{failed.count} batches failed on it; last: {failed.error}", token=msg
                     )
                 )
                 del failures[position]
@@ -517,15 +536,15 @@ class Worker:
             except Exception as exc:
                 culprit = processor.applying  # the input being applied when it raised
                 if culprit is not None:
-                    position = (culprit.topic, culprit.partition, culprit.offset)
+                    position = Position(culprit.topic, culprit.partition, culprit.offset)
                 self.failed_on(position, exc)
                 raise
         return True
 
     def failed_on(self, position: Position, exc: BaseException) -> None:
         failures = self.failures
-        count = failures.get(position, (0, ""))[0] + 1
-        failures[position] = (count, f"{type(exc).__name__}: {exc}"[:500])
+        count = failures[position].count + 1 if position in failures else 1
+        failures[position] = Failure(count, f"{type(exc).__name__}: {exc}"[:500])
         if len(failures) > 10_000:  # a memo of recent failures, not state
             failures.pop(next(iter(failures)))
         log.warning(
@@ -533,7 +552,7 @@ class Worker:
             *position,
             count,
             self.settings.max_record_failures,
-            failures[position][1],
+            failures[position].error,
         )
 
     # -- flow -----------------------------------------------------------------------------

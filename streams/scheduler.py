@@ -65,6 +65,20 @@ class Due(NamedTuple):
     execution_ids: tuple[str, ...]
 
 
+class Read(NamedTuple):
+    """An input record observed since its partition's clock was last stored."""
+
+    offset: int
+    at: datetime
+
+
+class Mark(NamedTuple):
+    """A partition's watermark, with the clock it was computed from."""
+
+    clock: PartitionClock
+    watermark: datetime | None
+
+
 class Timers(NamedTuple):
     """A partition's due times as its tables say, rebuilt after a restart or rebalance."""
 
@@ -94,15 +108,15 @@ class Scheduler:
         self.saved: dict[int, PartitionClock] = {}
         #: partitions whose clock moved or whose acknowledgements rose since last stored
         self.clocks_dirty: set[int] = set()
-        #: per input topic partition, (offset, event time) of the records observed since the
-        #: stored clock, in read order; folded into it up to the first one still held
-        self.trail: dict[tuple[str, int], deque[tuple[int, datetime]]] = {}
+        #: per input topic partition, the records observed since the stored clock, in read
+        #: order; folded into it up to the first one still held
+        self.trail: dict[tuple[str, int], deque[Read]] = {}
         #: per input topic partition, offsets of the events held for the watermark
         self.held_offsets: dict[tuple[str, int], set[int]] = {}
         #: per partition, per input topic: processed below this offset, not stored yet
         self.processed: dict[int, dict[str, int]] = {}
-        #: the watermark of each partition's clock, with the clock it was computed from
-        self.marks: dict[int, tuple[PartitionClock, datetime | None]] = {}
+        #: the watermark of each partition's clock, computed once per clock
+        self.marks: dict[int, Mark] = {}
         #: per partition, a heap of due times; built from the tables on first use
         self.due: dict[int, list[DueTime]] = {}
         #: per partition, executions to advance before anything else (``Timers.judge_first``)
@@ -225,7 +239,7 @@ class Scheduler:
         when it moved forward (then ``release`` has work), else None."""
         if env.topic not in self.rank:
             return None
-        self.trail.setdefault((env.topic, env.partition), deque()).append((env.offset, t))
+        self.trail.setdefault((env.topic, env.partition), deque()).append(Read(env.offset, t))
         self.clocks_dirty.add(env.partition)
         clock = (
             self.clocks.get(env.partition)
@@ -248,11 +262,11 @@ class Scheduler:
         clock = self.clocks.get(partition) or self.restore(partition)
         if clock is None:
             return None
-        cached = self.marks.get(partition)
-        if cached is not None and cached[0] is clock:
-            return cached[1]
+        mark = self.marks.get(partition)
+        if mark is not None and mark.clock is clock:
+            return mark.watermark
         watermark = clock.watermark
-        self.marks[partition] = (clock, watermark)
+        self.marks[partition] = Mark(clock, watermark)
         return watermark
 
     def restore(self, partition: int) -> PartitionClock | None:
@@ -318,8 +332,8 @@ class Scheduler:
                 continue
             held = self.held_offsets.get((topic, partition))
             newest: datetime | None = None
-            while trail and not (held and trail[0][0] in held):
-                t = trail.popleft()[1]
+            while trail and not (held and trail[0].offset in held):
+                t = trail.popleft().at
                 if newest is None or t > newest:
                     newest = t
             if newest is not None:
