@@ -179,6 +179,7 @@ class Req:
         "receipts",
         "request",
         "request_id",
+        "text",
         "thresholds",
         "version",
     )
@@ -196,6 +197,8 @@ class Req:
         self.points: list[int] = []
         #: the ledger's ``version`` the points were computed at (-1: never)
         self.version = -1
+        #: its part of the stored JSON, written when first needed after its facts changed
+        self.text: str | None = None
 
     def held_times(self) -> list[int]:
         """Times of its own facts (not the request, not the execution's facts)."""
@@ -338,6 +341,7 @@ class Ledger:
         if new:
             self.requests[rid] = r
         r.version = -1
+        r.text = None
         self.dirty.add(rid)
         self.touched = True
         self._quiet = None
@@ -1102,18 +1106,26 @@ def _times(times: Iterable[int]) -> str:
     return "[" + ",".join(_iso(t) for t in times) + "]"
 
 
+def _encode_facts(r: Req) -> str:
+    """A request's entry in the stored JSON's ``requests``."""
+    request = "null" if r.request is None else _encode_request(r.request)
+    deliveries = ",".join(f'{{"at":{_iso(d[0])},"outcome":{d[1]}' for d in r.deliveries)
+    decisions = ",".join(f'{{"at":{_iso(d[0])},"code":{d[1]}' for d in r.decisions)
+    rid = _json(r.request_id)
+    return (
+        f'{rid}:{{"request_id":{rid},"execution_id":{_str(r.execution_id)},'
+        f'"request":{request},"deliveries":[{deliveries}],'
+        f'"acknowledgements":{_times(r.acks)},"decisions":[{decisions}],'
+        f'"receipts":{_times(r.receipts)},"digests":[],"heartbeats":[]}}'
+    )
+
+
 def _encode(ledger: Ledger) -> str:
     requests = []
-    for rid, r in ledger.requests.items():
-        request = "null" if r.request is None else _encode_request(r.request)
-        deliveries = ",".join(f'{{"at":{_iso(d[0])},"outcome":{d[1]}' for d in r.deliveries)
-        decisions = ",".join(f'{{"at":{_iso(d[0])},"code":{d[1]}' for d in r.decisions)
-        requests.append(
-            f'{_json(rid)}:{{"request_id":{_json(rid)},"execution_id":{_str(r.execution_id)},'
-            f'"request":{request},"deliveries":[{deliveries}],'
-            f'"acknowledgements":{_times(r.acks)},"decisions":[{decisions}],'
-            f'"receipts":{_times(r.receipts)},"digests":[],"heartbeats":[]}}'
-        )
+    for r in ledger.requests.values():
+        if r.text is None:
+            r.text = _encode_facts(r)
+        requests.append(r.text)
     digests = ",".join(f'{{"at":{_iso(g[0])},"digest":{g[1]}' for g in ledger.digests)
     last = ",".join(
         f'{_json(rid)}:{{"verdict":"{v.value}","since":{_iso(since)}}}'
