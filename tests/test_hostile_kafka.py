@@ -28,7 +28,7 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from streams.codec import DecodeError
+from streams.codec import AvroCodec, DecodeError
 from streams.models.base import Record
 from streams.models.enums import (
     AnomalyKind,
@@ -301,7 +301,9 @@ class BadBytes:
 
 
 def dead_letter_cases(lv: Live) -> dict[str, BadBytes]:
-    codec = lv.dep.codec
+    # A hostile producer writes record types under subjects vigil never registers there, so
+    # its codec registers what it encodes (vigil's own clients only look schemas up).
+    codec = AvroCodec(lv.dep.codec.registry, auto_register=True)
     es = lv.dep.topics.execution_status.name
     good = codec.encode(es, status("x", 1, ExecutionStatus.CREATED, T0))
     (writer_id,) = struct.unpack(">I", good[1:5])
