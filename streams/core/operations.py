@@ -42,7 +42,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
@@ -609,26 +609,50 @@ def apply_event(
     status, reason = verdict
 
     t = to_ms(event.occurred_at)
-    reply_timeout, verify_timeout = config.timeouts_ms(event.connector)
-    update: dict[str, Any] = {
-        "status": status,
-        "reason": reason,
-        "since": t if old is None or status is not old.status else old.since,
-        "sent": (old is not None and old.sent) or status in BLOCKS_RETRY,
-        "connector": event.connector or (old.connector if old else ""),
-        "idempotency_key": event.idempotency_key or (old.idempotency_key if old else None),
-        "effect_ref": event.effect_ref or (old.effect_ref if old else None),
-        "kinds": (*(old.kinds if old else ()), event.kind),
-        "event_ids": (*(old.event_ids if old else ()), event.event_id),
-    }
     # A deadline before the event itself is nonsense from the producer: it falls due at once.
-    if status is S.SENT:
+    reply_due = verify_due = None
+    if status is _SENT:
         due = event.reply_due_at
-        update["reply_due_at"] = max(t, to_ms(due) if due else t + reply_timeout)
-    if status is S.ACKNOWLEDGED:
+        reply_due = max(t, to_ms(due) if due else t + config.timeouts_ms(event.connector)[0])
+    elif status is _ACKNOWLEDGED:
         due = event.verify_due_at
-        update["verify_due_at"] = max(t, to_ms(due) if due else t + verify_timeout)
-    rec = _first_attempt(event.attempt, update) if old is None else old._replace(**update)
+        verify_due = max(t, to_ms(due) if due else t + config.timeouts_ms(event.connector)[1])
+    if old is None:
+        rec = AttemptRecord(
+            event.attempt,
+            event.connector or "",
+            event.idempotency_key or None,
+            status,
+            reason,
+            t,
+            status in BLOCKS_RETRY,
+            reply_due,
+            verify_due,
+            event.effect_ref or None,
+            None,
+            None,
+            None,
+            (event.kind,),
+            (event.event_id,),
+        )
+    else:
+        rec = AttemptRecord(
+            old.attempt,
+            event.connector or old.connector,
+            event.idempotency_key or old.idempotency_key,
+            status,
+            reason,
+            t if status is not old.status else old.since,
+            old.sent or status in BLOCKS_RETRY,
+            old.reply_due_at if reply_due is None else reply_due,
+            old.verify_due_at if verify_due is None else verify_due,
+            event.effect_ref or old.effect_ref,
+            old.work_item_id,
+            old.work_item_kind,
+            old.alert_id,
+            (*old.kinds, event.kind),
+            (*old.event_ids, event.event_id),
+        )
 
     settled: list[Record] = []
     alert = None
@@ -645,27 +669,6 @@ def apply_event(
     if alert is not None:
         outputs.append(alert)
     return OperationStep(book, tuple(outputs), ())
-
-
-def _first_attempt(attempt: int, update: dict[str, Any]) -> AttemptRecord:
-    """A new attempt from the values ``apply_event`` derived; the rest at their defaults."""
-    return AttemptRecord(
-        attempt,
-        update["connector"],
-        update["idempotency_key"],
-        update["status"],
-        update["reason"],
-        update["since"],
-        update["sent"],
-        update.get("reply_due_at"),
-        update.get("verify_due_at"),
-        update["effect_ref"],
-        None,
-        None,
-        None,
-        update["kinds"],
-        update["event_ids"],
-    )
 
 
 def _fire(
