@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from streams.codec import AvroCodec
+from streams.codec import HTTP_ERRORS, AvroCodec, RegistryUnavailable
 from streams.schema_registry import SubjectOutcome, register_schemas
 from streams.settings import Settings
 from streams.topics import Topics, TopicSpec
@@ -75,4 +75,18 @@ def prepare_registry(
     an incompatible schema is refused by the registry before any record of it reaches a
     topic. Only vigil's own subjects are touched, never the registry's global config."""
     specs = specs if specs is not None else Topics.from_settings(settings).all()
-    return register_schemas(codec.registry, specs)
+    # Subjects this codec prepared already are not asked again: a process that replays
+    # several ranges into the same outputs needs the registry only for what it reads.
+    fresh = tuple(
+        spec
+        for spec in specs
+        if any(subject not in codec.prepared_subjects for subject, _ in spec.subjects())
+    )
+    try:
+        outcomes = register_schemas(codec.registry, fresh)
+    except HTTP_ERRORS as exc:
+        raise RegistryUnavailable(
+            f"schema registry unreachable while registering vigil's schemas: {exc}"
+        ) from exc
+    codec.prepared_subjects.update(subject for spec in fresh for subject, _ in spec.subjects())
+    return outcomes

@@ -190,6 +190,8 @@ class AvroCodec:
     def __init__(self, registry: SchemaRegistryClient, *, auto_register: bool = False) -> None:
         self.registry = registry
         self.auto_register = auto_register
+        #: subjects ``admin.prepare_registry`` registered through this codec
+        self.prepared_subjects: set[str] = set()
         self._serializers: dict[type[Record], AvroSerializer] = {}
         self._writer_names: dict[int, str] = {}
         # The hot path, after the first record of a kind: a writer compiled for the model's

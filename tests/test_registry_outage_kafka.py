@@ -258,3 +258,15 @@ def test_a_replay_met_by_a_registry_outage_fails_instead_of_dead_lettering(
         states[-1]
         == apply_status(apply_status(None, status_event(first)).slot, status_event(after)).published
     )
+
+
+def test_a_replay_started_while_the_registry_is_down_says_so(cluster, tmp_path: Path) -> None:
+    """A replay registers its outputs' subjects first: with the registry unreachable it stops
+    at once with RegistryUnavailable naming that step, not a transport library's traceback."""
+    dep = deployment(cluster, tmp_path, partitions=1)
+    dep.produce([status("ex-down", 1, ExecutionStatus.CREATED)])
+    with RegistryProxy(dep.settings.schema_registry_url) as proxy:
+        proxy.set(Mode.REFUSE)
+        codec = AvroCodec.connect(RegistryConfig(proxy.url))
+        with pytest.raises(RegistryUnavailable, match="while registering"):
+            run_replay(dep.settings, codec, T0 - timedelta(minutes=1), show_progress=False)
