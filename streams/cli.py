@@ -30,6 +30,7 @@ from streams.cli_errors import (
     UnknownTopic,
     explain,
 )
+from streams.cli_options import BootstrapOpt, RegistryOpt, codec_for, settings_from_flags
 from streams.settings import Settings
 
 #: seconds the CLI waits for the broker's metadata before it says the broker is unreachable
@@ -145,37 +146,6 @@ app.add_typer(topics_app, name="topics")
 console = Console(stderr=True)
 out = Console()
 
-BootstrapOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--bootstrap",
-        envvar="KAFKA_BOOTSTRAP_SERVERS",
-        help="Kafka bootstrap servers [default: 127.0.0.1:19092, the dev broker].",
-    ),
-]
-RegistryOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--registry",
-        envvar="SCHEMA_REGISTRY_URL",
-        help="Schema registry URL (Confluent API) [default: the dev registry].",
-    ),
-]
-
-
-def _settings(bootstrap: str | None = None, registry: str | None = None, **kw: Any) -> Settings:
-    return Settings.from_env(bootstrap_servers=bootstrap, schema_registry_url=registry, **kw)
-
-
-def _codec(settings: Settings):  # type: ignore[no-untyped-def]
-    from streams.codec import AvroCodec
-
-    return AvroCodec.connect(
-        settings.registry_config(),
-        auto_register=settings.auto_register,
-    )
-
-
 _mounted = False
 
 
@@ -209,7 +179,7 @@ def _mount_optional() -> None:
 @app.command("config")
 def config_cmd(bootstrap: BootstrapOpt = None, registry: RegistryOpt = None) -> None:
     """Print the effective settings (secrets masked), durations as they are written (24h)."""
-    s = _settings(bootstrap, registry)
+    s = settings_from_flags(bootstrap, registry)
     shown = s.public()
     retention_ms = shown.pop("retention_ms", None)
     if retention_ms is not None:
@@ -241,10 +211,12 @@ def topics_create(
     from streams.admin import create_topics, prepare_registry
     from streams.cli_schemas import print_subjects
 
-    s = _settings(bootstrap, registry, output_suffix=output_suffix or None, partitions=partitions)
+    s = settings_from_flags(
+        bootstrap, registry, output_suffix=output_suffix or None, partitions=partitions
+    )
     _require_cluster(s)
     outcomes = create_topics(s)
-    subjects = prepare_registry(s, _codec(s))
+    subjects = prepare_registry(s, codec_for(s))
     t = Table("topic", "outcome")
     for o in outcomes:
         t.add_row(o.name, o.detail)
@@ -273,7 +245,7 @@ def topics_list(
     from streams.durations import format_duration
     from streams.topics import Topics
 
-    s = _settings(output_suffix=output_suffix or None)
+    s = settings_from_flags(output_suffix=output_suffix or None)
     rows = []
     for spec in Topics.from_settings(s).all():
         compact = spec.cleanup_policy == "compact"
@@ -343,7 +315,7 @@ def produce(
     from streams.cli_produce import check_lines, read_lines
     from streams.clients import DeliveryFailed, RecordProducer
 
-    s = _settings(bootstrap, registry)
+    s = settings_from_flags(bootstrap, registry)
     spec = _catalogue_topic(s, topic)
     checked = check_lines(read_lines(file), spec)
     shown = 100
@@ -362,7 +334,7 @@ def produce(
         typer.echo(f"{good} valid records for {topic}{skipped}; dry run: nothing published")
         return
     require_topics(s, [topic], cluster_topics(s, timeout=CONNECT_TIMEOUT, debug=_debug()))
-    producer = RecordProducer(s, _codec(s), **_quiet())
+    producer = RecordProducer(s, codec_for(s), **_quiet())
     for _, record in checked.records:
         producer.send(topic, record)
     try:
@@ -445,10 +417,10 @@ def consume_cmd(
             when = datetime.now(UTC) - (_duration_option("--from-time", from_time) or timedelta())
     start = start_from(from_beginning=from_beginning, offset=offset, from_time=when)
     filters = parse_header_filters(header or [])
-    s = _settings(bootstrap, registry)
+    s = settings_from_flags(bootstrap, registry)
     records = read(
         s,
-        _codec(s),
+        codec_for(s),
         topic,
         start=start,
         partitions=partition or [],
@@ -532,7 +504,7 @@ def worker(
     """Run a stream-processing worker (Faust). Stop with Ctrl-C or SIGTERM."""
     from streams.app import run_worker
 
-    s = _settings(
+    s = settings_from_flags(
         bootstrap,
         registry,
         web_port=web_port,
@@ -576,9 +548,11 @@ def ticker(
     """
     from streams.ticker import health_address, run_ticker
 
-    s = _settings(bootstrap, registry, tick_interval=_duration_option("--interval", interval))
+    s = settings_from_flags(
+        bootstrap, registry, tick_interval=_duration_option("--interval", interval)
+    )
     _require_cluster(s, inputs=True)
-    run_ticker(s, _codec(s), count=count, health=health_address(health_host, health_port))
+    run_ticker(s, codec_for(s), count=count, health=health_address(health_host, health_port))
 
 
 @app.command("tick")
@@ -603,9 +577,9 @@ def tick(
     from streams.ticker import tick_once
 
     when = _parse_time(at)
-    s = _settings(bootstrap, registry)
+    s = settings_from_flags(bootstrap, registry)
     _require_cluster(s, inputs=True)
-    written = tick_once(s, _codec(s), when)
+    written = tick_once(s, codec_for(s), when)
     console.print(f"wrote {written} ticks at {when.isoformat()}")
 
 
@@ -664,7 +638,7 @@ def replay(
 
     from streams.replay import default_processes, run_replay
 
-    s = _settings(bootstrap, registry)
+    s = settings_from_flags(bootstrap, registry)
     try:
         t0 = dt.fromisoformat(start.replace("Z", "+00:00"))
         t1 = dt.fromisoformat(end.replace("Z", "+00:00")) if end else None
@@ -678,7 +652,7 @@ def replay(
     tune_gc()
     summary = run_replay(
         s,
-        _codec(s),
+        codec_for(s),
         t0,
         t1,
         output_suffix=output_suffix,
@@ -722,10 +696,10 @@ def console_cmd(
     """Run the operator console: reads vigil's output topics into its own SQLite view and
     serves fleet-wide queries as JSON (and the page, when installed). Each replica reads
     every partition and keeps its own view. Stop with Ctrl-C or SIGTERM."""
-    from streams.console.service import run
+    from streams.console.server import run
     from streams.console.settings import ConsoleSettings
 
-    s = _settings(bootstrap, registry, data_dir=data_dir)
+    s = settings_from_flags(bootstrap, registry, data_dir=data_dir)
     run(s, ConsoleSettings.from_env(s, host=host, port=port, db=db))
 
 

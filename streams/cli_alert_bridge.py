@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from streams.cli import BootstrapOpt, RegistryOpt, _codec, _settings
+from streams.cli_options import BootstrapOpt, RegistryOpt, codec_for, settings_from_flags
 
 
 def _duration(value: str | None):  # type: ignore[no-untyped-def]
@@ -97,7 +97,7 @@ def alert_bridge(
     from streams.alert_bridge import BridgeSettings, run_alert_bridge, status_address
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    s = _settings(bootstrap, registry)
+    s = settings_from_flags(bootstrap, registry)
     b = BridgeSettings.from_env(
         alertmanager_url=alertmanager,
         console_url=console_url,
@@ -106,4 +106,4 @@ def alert_bridge(
         event_ttl=_duration(event_ttl),
         retry_max=_duration(retry_max),
     )
-    run_alert_bridge(s, b, _codec(s), status_address(health_host, health_port))
+    run_alert_bridge(s, b, codec_for(s), status_address(health_host, health_port))

@@ -40,6 +40,7 @@ from streams.avro_writer import UnsupportedSchema, Writer, compile_writer
 from streams.models.base import Record
 from streams.models.events import INPUT_MODELS
 from streams.models.outputs import OUTPUT_MODELS
+from streams.settings import RegistryConfig
 from streams.topics import subject_name
 
 log = logging.getLogger("vigil.codec")
@@ -86,34 +87,6 @@ class SchemaNotRegistered(RegistryUnavailable):
 
 #: the registry's answer that makes a schema id unknown for good
 NOT_FOUND = 404
-
-
-@dataclass(frozen=True, slots=True)
-class RegistryConfig:
-    url: str
-    basic_auth: str | None = None  # "user:secret"; never logged
-    #: seconds one HTTP request to the registry may take (connect, read). The worker decodes
-    #: on its event loop: without a bound, a registry that does not answer stalls everything.
-    timeout: float = 5.0
-    #: the client's own retries, for a blip (100 ms, then up to 500 ms apart); an outage is
-    #: waited out by the caller (the worker backs off and reads the records again)
-    max_retries: int = 1
-    #: TLS of an https registry in confluent's keys (``ssl.ca.location``,
-    #: ``ssl.certificate.location``, ``ssl.key.location``): ``Settings.registry_tls``
-    tls: tuple[tuple[str, str], ...] = ()
-
-    def client_conf(self) -> dict[str, Any]:
-        conf: dict[str, Any] = {
-            "url": self.url,
-            "timeout": self.timeout,
-            "max.retries": self.max_retries,
-            "retries.wait.ms": 100,
-            "retries.max.wait.ms": 500,
-        }
-        if self.basic_auth:
-            conf["basic.auth.user.info"] = self.basic_auth
-        conf.update(self.tls)
-        return conf
 
 
 @dataclass(slots=True)

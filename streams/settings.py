@@ -23,7 +23,6 @@ from streams.core.bounds import duration_problem
 from streams.durations import parse_duration
 
 if TYPE_CHECKING:
-    from streams.codec import RegistryConfig
     from streams.policies import Policies
 
 DEV_BOOTSTRAP = "127.0.0.1:19092"
@@ -45,6 +44,37 @@ SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 def _env(name: str, default: str | None = None) -> str | None:
     value = os.environ.get(name)
     return value if value not in (None, "") else default
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryConfig:
+    """How to reach the schema registry: the connection part of the settings, in the terms
+    of confluent's client."""
+
+    url: str
+    basic_auth: str | None = None  # "user:secret"; never logged
+    #: seconds one HTTP request to the registry may take (connect, read). The worker decodes
+    #: on its event loop: without a bound, a registry that does not answer stalls everything.
+    timeout: float = 5.0
+    #: the client's own retries, for a blip (100 ms, then up to 500 ms apart); an outage is
+    #: waited out by the caller (the worker backs off and reads the records again)
+    max_retries: int = 1
+    #: TLS of an https registry in confluent's keys (``ssl.ca.location``,
+    #: ``ssl.certificate.location``, ``ssl.key.location``): ``Settings.registry_tls``
+    tls: tuple[tuple[str, str], ...] = ()
+
+    def client_conf(self) -> dict[str, Any]:
+        conf: dict[str, Any] = {
+            "url": self.url,
+            "timeout": self.timeout,
+            "max.retries": self.max_retries,
+            "retries.wait.ms": 100,
+            "retries.max.wait.ms": 500,
+        }
+        if self.basic_auth:
+            conf["basic.auth.user.info"] = self.basic_auth
+        conf.update(self.tls)
+        return conf
 
 
 class SettingsError(ValueError):
@@ -498,8 +528,6 @@ class Settings:
 
     def registry_config(self) -> RegistryConfig:
         """The schema-registry client's settings: URL, credentials and TLS."""
-        from streams.codec import RegistryConfig
-
         return RegistryConfig(
             self.schema_registry_url,
             self.registry_basic_auth,

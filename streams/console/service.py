@@ -1,5 +1,5 @@
-"""``vigil console`` as a process: a consumer thread that applies vigil's output topics to the
-SQLite view, and an aiohttp server that answers from it.
+"""The console's consumer: a thread that applies vigil's output topics to the SQLite view, and
+the context the HTTP handlers answer from (``streams/console/server.py`` runs both).
 
 The consumer does not join a group: it assigns itself every partition of the five topics and
 seeks to the positions stored in the view (the truth: they commit with the rows), so every
@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -427,95 +426,3 @@ class ConsoleContext:
         if not rows or any(r["lag"] is None for r in rows):
             return None
         return sum(r["lag"] for r in rows)
-
-
-def _producer_factory(settings: Settings, codec: AvroCodec) -> Callable[[], RecordProducer]:
-    made: list[RecordProducer] = []
-    lock = threading.Lock()
-
-    def factory() -> RecordProducer:
-        from streams.clients import RecordProducer
-
-        with lock:
-            if not made:
-                made.append(RecordProducer(settings, codec))
-            return made[0]
-
-    return factory
-
-
-async def serve(settings: Settings, console: ConsoleSettings, codec: AvroCodec) -> None:
-    """Run until SIGTERM or SIGINT."""
-    from aiohttp import web
-
-    from streams.console.api import create_app
-
-    view = ConsoleView(console.db)
-    hub = ChangeHub()
-    hub.bind(asyncio.get_running_loop())
-    status = ConsumerStatus()
-    ctx = ConsoleContext(
-        view=view,
-        settings=settings,
-        hub=hub,
-        read_token=console.read_token,
-        write_token=console.write_token,
-        producer_factory=_producer_factory(settings, codec),
-        console=console,
-        status=status,
-        topics=Topics.from_settings(settings),
-    )
-    consumer = ConsoleConsumer(settings, console, view, hub, codec, status)
-    thread = threading.Thread(target=consumer.run, name="console-consumer", daemon=True)
-    status.thread = thread
-    thread.start()
-    app = create_app(ctx)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, console.host, console.port)
-    await site.start()
-    print(
-        f"vigil console listening on http://{console.host}:{console.port} (view {console.db})",
-        flush=True,
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-
-    async def watch_consumer() -> None:
-        # A console whose consumer died serves an ever older view: exit, so that the
-        # orchestrator restarts it (it resumes from the stored positions).
-        while not stop.is_set():
-            await asyncio.sleep(1.0)
-            if not thread.is_alive() and not consumer.stop.is_set():
-                log.error("the consumer thread ended (%s); stopping", status.error)
-                failed.append(status.error or "ended")
-                stop.set()
-
-    failed: list[str] = []
-    watcher = asyncio.ensure_future(watch_consumer())
-    try:
-        await stop.wait()
-    finally:
-        watcher.cancel()
-        consumer.stop.set()
-        await runner.cleanup()
-        await asyncio.to_thread(thread.join, 15)
-        view.close()
-    if failed:
-        raise SystemExit(1)
-
-
-def run(settings: Settings, console: ConsoleSettings | None = None) -> None:
-    """The ``vigil console`` process."""
-    from streams.codec import AvroCodec
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    console = console or ConsoleSettings.from_env(settings)
-    codec = AvroCodec.connect(
-        settings.registry_config(),
-        auto_register=False,
-    )
-    asyncio.run(serve(settings, console, codec))
