@@ -1,9 +1,9 @@
 """Execution entries stored compressed: raw DEFLATE with a preset dictionary.
 
 Why: the executions table is most of what a worker holds per in-flight execution, and an entry
-is about 760 B of JSON that repeats the same field names, enum symbols and id shapes as every
-other entry. DEFLATE primed with a dictionary of exactly those strings stores an entry in
-about 110 B, and reading it back costs one or two µs (BENCHMARKS.md, step 5). Compressing
+is a few hundred bytes of JSON that repeats the same field names, enum symbols and id shapes
+as every other entry. DEFLATE primed with a dictionary of exactly those strings stores an
+entry in about 100 B, and reading it back costs one or two µs. Compressing
 each entry on its own, rather than a block of them, keeps the table a plain key-value map with
 bytes for values: the store, the changelog and recovery need nothing of their own.
 

@@ -1,6 +1,6 @@
 """The published retry verdict of an operation is the most restrictive over the attempts that
 bear on a new send: its own attempts still in flight or verified, and those of operations of
-the same execution sharing one of its idempotency keys (issue 16, defect 2)."""
+the same execution sharing one of its idempotency keys (docs/rules.md#the-operations-verdict)."""
 
 from __future__ import annotations
 
