@@ -670,7 +670,7 @@ def test_advance_is_idempotent_and_steps_equal_one_big_step(steps: list, t1: int
 @given(_steps)
 def test_every_book_is_stored_and_read_back_equal_in_both_formats(steps: list) -> None:
     """Format 2 as written, and format 1 as entries made before it hold the same book; the
-    open operations kept with the book are those its attempts say."""
+    open operations and the next deadline kept with the book are those its attempts say."""
     for _, step, _ in _play(steps):
         book = step.book
         assert load_book(dump_book(book)) == book
@@ -683,3 +683,10 @@ def test_every_book_is_stored_and_read_back_equal_in_both_formats(steps: list) -
                 or any(r.status not in SETTLED and r.sent for r in op.attempts.values())
             )
         )
+        armed = [
+            r.reply_due_at if r.status is S.SENT else r.verify_due_at
+            for op in book.operations.values()
+            for r in op.attempts.values()
+            if r.status is S.SENT or (r.status is S.ACKNOWLEDGED and r.work_item_id is None)
+        ]
+        assert next_deadline(book) == min(armed, default=None)

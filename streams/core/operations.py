@@ -219,27 +219,41 @@ class OperationBook:
     reused by a different operation id is the same effect sent twice). A value: every change
     makes a new book (the dicts are never changed in place).
 
-    ``open_ids`` are the operations not settled (``open_operation_ids``), kept with the book
-    rather than found again for every input."""
+    ``open_ids`` are the operations not settled (``open_operation_ids``) and ``due`` the
+    earliest armed deadline (``next_deadline``), kept with the book rather than found again
+    for every input (``_derived``: a book is made by ``apply_event``, ``advance`` or
+    ``load_book``, which keep them)."""
 
     execution_id: str
     operations: dict[str, OperationRecord] = field(default_factory=dict)
     by_idempotency_key: dict[str, tuple[str, ...]] = field(default_factory=dict)
     open_ids: tuple[str, ...] = ()
+    due: int | None = None
 
 
-def _open_ids(operations: Mapping[str, OperationRecord]) -> tuple[str, ...]:
-    """Operations not settled: the latest attempt is not VERIFIED / FAILED / CANCELLED, or an
-    older attempt that was sent is still unsettled (its work item is still open). An older
-    attempt that was only PREPARED and then superseded does not keep the operation open."""
-    return tuple(
-        sorted(
-            op_id
-            for op_id, op in operations.items()
-            if op.current.status not in SETTLED
-            or any(rec.status in IN_FLIGHT for rec in op.attempts.values())
-        )
-    )
+def _derived(
+    execution_id: str,
+    operations: dict[str, OperationRecord],
+    by_idempotency_key: dict[str, tuple[str, ...]],
+) -> OperationBook:
+    """The book with what it keeps derived from its operations. Open: the latest attempt is
+    not VERIFIED / FAILED / CANCELLED, or an older attempt that was sent is still unsettled
+    (its work item is still open); an older attempt that was only PREPARED and then
+    superseded does not keep the operation open."""
+    open_ids: list[str] = []
+    due: int | None = None
+    for op_id, op in operations.items():
+        attempts = op.attempts
+        if attempts[max(attempts)].status not in SETTLED or any(
+            rec.status in IN_FLIGHT for rec in attempts.values()
+        ):
+            open_ids.append(op_id)
+        for rec in attempts.values():
+            deadline = rec.armed_deadline()
+            if deadline is not None and (due is None or deadline < due):
+                due = deadline
+    open_ids.sort()
+    return OperationBook(execution_id, operations, by_idempotency_key, tuple(open_ids), due)
 
 
 class OperationStep(NamedTuple):
@@ -258,7 +272,7 @@ def _put(book: OperationBook, operation_id: str, rec: AttemptRecord) -> Operatio
     key = rec.idempotency_key
     if key and operation_id not in index.get(key, ()):
         index = {**index, key: (*index.get(key, ()), operation_id)}
-    return OperationBook(book.execution_id, ops, index, _open_ids(ops))
+    return _derived(book.execution_id, ops, index)
 
 
 def _is_current(book: OperationBook, operation_id: str, rec: AttemptRecord) -> bool:
@@ -771,6 +785,9 @@ def advance(book: OperationBook, stream_time: int) -> OperationStep:
     outputs carry the deadline's time, not ``stream_time``. Deadlines were fixed when armed,
     so a configuration change cannot move a deadline that is already running.
     """
+    due = book.due
+    if due is None or due > stream_time:
+        return OperationStep(book)  # the common case: nothing falls due
     outputs: list[Record] = []
     for _, op_id, attempt in sorted(d for d in _armed(book) if d[0] <= stream_time):
         book, out = _fire(book, op_id, book.operations[op_id].attempts[attempt])
@@ -780,11 +797,11 @@ def advance(book: OperationBook, stream_time: int) -> OperationStep:
 
 def next_deadline(book: OperationBook | None) -> int | None:
     """The earliest armed deadline of the book (epoch ms), for the shell's timer index."""
-    return min((d for d, _, _ in _armed(book)), default=None) if book else None
+    return None if book is None else book.due
 
 
 def open_operation_ids(book: OperationBook | None) -> tuple[str, ...]:
-    """Operations not settled, sorted (see ``_open_ids``)."""
+    """Operations not settled, sorted (see ``_derived``)."""
     return () if book is None else book.open_ids
 
 
@@ -808,7 +825,8 @@ _WORK: dict[str, WorkItemKind] = {x.value: x for x in WorkItemKind}
 def dump_book(book: OperationBook) -> str:
     """The stored text of a book (format 2): a JSON array of the execution id, each
     operation as its id and attempts (each attempt's fields in order, times in epoch ms), and
-    the idempotency-key index. ``open_ids`` is not stored: it follows from the operations."""
+    the idempotency-key index. ``open_ids`` and ``due`` are not stored: they follow from the
+    operations."""
     return _dumps(
         (
             book.execution_id,
@@ -849,7 +867,7 @@ def load_book(text: str | bytes) -> OperationBook:
             records[rec.attempt] = rec
         ops[op_id] = OperationRecord(op_id, records)
     keys = {key: tuple(op_ids) for key, op_ids in index.items()}
-    return OperationBook(execution_id, ops, keys, _open_ids(ops))
+    return _derived(execution_id, ops, keys)
 
 
 class _Stored(BaseModel):
@@ -898,4 +916,4 @@ def _from_format_1(stored: _StoredBook) -> OperationBook:
                     fields[name] = to_ms(fields[name])
             attempts[number] = AttemptRecord(**fields)
         ops[op_id] = OperationRecord(op.operation_id, attempts)
-    return OperationBook(stored.execution_id, ops, dict(stored.by_idempotency_key), _open_ids(ops))
+    return _derived(stored.execution_id, ops, dict(stored.by_idempotency_key))
