@@ -27,18 +27,18 @@ from agents.drain import BatchDrain
 from agents.fetch_pace import FetchPace, FetchSizes, apply_sizes, running_fetcher
 from agents.lease import MembershipLease
 from streams import flow
-from streams.admin import admin_client
-from streams.clients import DeliveryFailed, RecordProducer
-from streams.codec import AvroCodec, RegistryUnavailable
+from streams.contracts.codec import AvroCodec, RegistryUnavailable
+from streams.contracts.envelope import SafeAvroSchema, open_envelope
 from streams.emission import Emission
-from streams.envelope import SafeAvroSchema, open_envelope
-from streams.feed import Feed
-from streams.metrics import Metrics
-from streams.offsets import AckOrder, Check, OffsetGuard
+from streams.kafka.admin import admin_client
+from streams.kafka.clients import DeliveryFailed, RecordProducer
+from streams.kafka.offsets import AckOrder, Check, OffsetGuard
+from streams.kafka.topics import Topics
 from streams.processor import Processor, Stores
+from streams.read.feed import Feed
+from streams.read.metrics import Metrics
+from streams.read.web import register_web
 from streams.settings import Settings
-from streams.topics import Topics
-from streams.web import register_web
 
 log = logging.getLogger("vigil.pipeline")
 
@@ -342,7 +342,8 @@ class Worker:
 
         @app.timer(interval=settings.state_gauges_interval.total_seconds())
         async def count_state() -> None:
-            """The open-work gauges, counted in a worker thread (``streams/state_gauges.py``)."""
+            """The open-work gauges, counted in a worker thread
+            (``streams/read/state_gauges.py``)."""
             await survive_round(
                 "the state gauges",
                 lambda: metrics.gauges.refresh(self.executions),
@@ -607,7 +608,7 @@ class Worker:
         self.guard.start(tp, max(committed_offset, through))
 
     async def admit(self, msg: Any, generation: int) -> bool:
-        """The offset guard: whether to process ``msg`` (see ``streams/offsets.py``)."""
+        """The offset guard: whether to process ``msg`` (see ``streams/kafka/offsets.py``)."""
         guard, settings = self.guard, self.settings
         tp = (msg.topic, msg.partition)
         self.arrived[tp] = time.monotonic()

@@ -50,8 +50,8 @@ from bench import harness as h
 from bench.sections import dist
 from bench.workload import plan
 from streams.console.view import _summary
-from streams.models.base import Record
-from streams.models.enums import (
+from streams.contracts.models.base import Record
+from streams.contracts.models.enums import (
     AlertKind,
     AlertStatus,
     ApprovalVerdictCode,
@@ -62,7 +62,7 @@ from streams.models.enums import (
     Severity,
     WorkItemKind,
 )
-from streams.models.outputs import (
+from streams.contracts.models.outputs import (
     Alert,
     ApprovalVerdict,
     ExecutionState,
@@ -70,7 +70,7 @@ from streams.models.outputs import (
     ReconciliationWorkItem,
     Thresholds,
 )
-from streams.partitioning import partition_of
+from streams.kafka.partitioning import partition_of
 from streams.settings import Settings
 
 ALL = ("catchup", "queries", "latency")
@@ -108,7 +108,16 @@ def console(dep: h.Deployment, db: Path, **env: str) -> Iterator[ConsoleProc]:
     t0 = time.time()
     with log_path.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "streams.cli", "console", "--port", str(port), "--db", str(db)],
+            [
+                sys.executable,
+                "-m",
+                "streams.cli.main",
+                "console",
+                "--port",
+                str(port),
+                "--db",
+                str(db),
+            ],
             env=dep.env(**extra),
             stdout=out,
             stderr=subprocess.STDOUT,

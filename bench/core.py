@@ -40,11 +40,11 @@ def workload(executions: int) -> list[Any]:
     The values are empty: the Processor reads the decoded record, not the bytes."""
     from bench.sections import BACKFILL_SPACING, BACKFILL_STEP, BACKFILL_TICK_MS, FINAL_TICK_AFTER
     from bench.workload import from_ms, plan, tick_times
-    from streams.envelope import Envelope
-    from streams.models.events import ClockTick
-    from streams.partitioning import partition_of
+    from streams.contracts.envelope import Envelope
+    from streams.contracts.models.events import ClockTick
+    from streams.kafka.partitioning import partition_of
+    from streams.kafka.topics import Topics
     from streams.settings import Settings
-    from streams.topics import Topics
 
     settings = Settings.from_env()
     topics = Topics.from_settings(settings)
@@ -111,10 +111,10 @@ def run_once(executions: int) -> dict[str, Any]:
     """One timed pass of a fresh Processor over the workload (built before the clock starts).
     What it publishes is kept and digested after the clock stops (``digest``)."""
     from streams.app import tune_gc
+    from streams.kafka.topics import Topics
     from streams.processor import Processor, Stores
     from streams.replay import REPLAY_FLUSH_EVERY
     from streams.settings import Settings
-    from streams.topics import Topics
 
     envs = workload(executions)
     settings = Settings.from_env()

@@ -35,13 +35,13 @@ from confluent_kafka.admin import (
 )
 
 from bench.workload import Planned, from_ms
-from streams.admin import create_topics, prepare_registry
-from streams.codec import AvroCodec, RegistryConfig
-from streams.models.base import Record
-from streams.models.events import ClockTick
-from streams.partitioning import partition_of
+from streams.contracts.codec import AvroCodec, RegistryConfig
+from streams.contracts.models.base import Record
+from streams.contracts.models.events import ClockTick
+from streams.kafka.admin import create_topics, prepare_registry
+from streams.kafka.partitioning import partition_of
+from streams.kafka.topics import Topics
 from streams.settings import Settings
-from streams.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -269,7 +269,7 @@ def workers(
             cmd = [
                 sys.executable,
                 "-m",
-                "streams.cli",
+                "streams.cli.main",
                 "worker",
                 "--web-port",
                 str(free_port()),

@@ -14,9 +14,9 @@ from typing import Any
 
 from bench import harness as h
 from bench.workload import Planned, from_ms, plan, shapes, tick_times
-from streams.codec import AvroCodec, DecodeError, RegistryConfig
-from streams.envelope import Envelope
-from streams.models.events import ClockTick
+from streams.contracts.codec import AvroCodec, DecodeError, RegistryConfig
+from streams.contracts.envelope import Envelope
+from streams.contracts.models.events import ClockTick
 from streams.processor import Processor, Stores
 from streams.settings import Settings
 
@@ -883,8 +883,8 @@ def table_bytes(base: Settings, workdir: Path, inflight: int) -> dict[str, Any]:
     """The same in-flight executions through the pure Processor with dict stores, in this
     process: what the four tables hold per execution (key + JSON value bytes), i.e. the payload
     a memory:// store keeps, before Python object and Faust overheads."""
-    from streams.partitioning import partition_of
-    from streams.topics import Topics
+    from streams.kafka.partitioning import partition_of
+    from streams.kafka.topics import Topics
 
     topics = Topics.from_settings(base)
     dep = h.Deployment(base, None, topics, workdir)  # type: ignore[arg-type]

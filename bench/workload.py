@@ -26,9 +26,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from streams.models import events as ev
-from streams.models.base import Record
-from streams.models.enums import (
+from streams.contracts.models import events as ev
+from streams.contracts.models.base import Record
+from streams.contracts.models.enums import (
     DecisionCode,
     DeliveryOutcome,
     EvidenceSource,

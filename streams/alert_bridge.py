@@ -38,7 +38,9 @@ import httpx
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from streams.codec import AvroCodec, DecodeError, RegistryUnavailable
+from streams.contracts.codec import AvroCodec, DecodeError, RegistryUnavailable
+from streams.contracts.models.enums import AlertStatus
+from streams.contracts.models.outputs import Alert
 from streams.core.alertmanager import (
     Firing,
     firing,
@@ -47,11 +49,9 @@ from streams.core.alertmanager import (
     with_resolution,
 )
 from streams.durations import parse_duration
-from streams.models.enums import AlertStatus
-from streams.models.outputs import Alert
+from streams.kafka.topics import Topics
+from streams.read.status_http import listen_address, serve
 from streams.settings import Settings, SettingsError, _env
-from streams.status_http import listen_address, serve
-from streams.topics import Topics
 
 log = logging.getLogger("vigil.alert_bridge")
 
@@ -90,7 +90,7 @@ class BridgeStatus:
     front of a stopped Alertmanager stays healthy until it has something to say."""
 
     def __init__(self, failing_after: float = FAILING_AFTER) -> None:
-        from streams.metrics import register_process_collectors
+        from streams.read.metrics import register_process_collectors
 
         self.failing_after = failing_after
         self.registry = CollectorRegistry()

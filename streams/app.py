@@ -6,8 +6,8 @@ import logging
 
 import faust
 
-from streams.codec import AvroCodec
-from streams.security import broker_credentials
+from streams.contracts.codec import AvroCodec
+from streams.kafka.security import broker_credentials
 from streams.settings import Settings
 
 log = logging.getLogger("vigil")

@@ -34,6 +34,8 @@ from pydantic import (
 from rich.console import Console
 from rich.table import Table
 
+from streams.contracts.models.base import to_millis
+from streams.contracts.models.enums import DecisionCode, DeliveryOutcome, Risk
 from streams.core.approvals import (
     ApprovalFacts,
     DecisionFact,
@@ -47,8 +49,6 @@ from streams.core.approvals import (
     resolve_thresholds,
 )
 from streams.durations import parse_duration
-from streams.models.base import to_millis
-from streams.models.enums import DecisionCode, DeliveryOutcome, Risk
 
 EXIT_OK = 0
 EXIT_UNREADABLE = 1

@@ -47,9 +47,9 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from streams.codec import ALL_MODELS
-from streams.models.base import Record
-from streams.models.enums import (
+from streams.contracts.codec import ALL_MODELS
+from streams.contracts.models.base import Record
+from streams.contracts.models.enums import (
     ApprovalVerdictCode,
     ExecutionStatus,
     OperationStatus,

@@ -1,6 +1,6 @@
 """What the worker publishes: one output record with its topic, key and headers.
 
-Its own module so that the producer (``streams/clients.py``) and the processor that makes the
+Its own module so that the producer (``streams/kafka/clients.py``) and the processor that makes the
 emissions can both use it without importing each other.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from streams.models.base import Record
+from streams.contracts.models.base import Record
 
 
 def record_time_ms(record: Record) -> int | None:

@@ -14,14 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from streams.core import trace
-from streams.core.findings import AnomalyFinding
-from streams.core.ids import deterministic_id
-from streams.emission import Emission
-from streams.envelope import Envelope
-from streams.models.base import Record, replace
-from streams.models.enums import AlertKind, AlertStatus, AnomalyKind, Owner, Severity
-from streams.models.outputs import (
+from streams.contracts.envelope import Envelope
+from streams.contracts.models.base import Record, replace
+from streams.contracts.models.enums import AlertKind, AlertStatus, AnomalyKind, Owner, Severity
+from streams.contracts.models.outputs import (
     Alert,
     Anomaly,
     ApprovalVerdict,
@@ -31,7 +27,11 @@ from streams.models.outputs import (
     ReconciliationWorkItem,
     WorkItemResolution,
 )
-from streams.topics import Topics
+from streams.core import trace
+from streams.core.findings import AnomalyFinding
+from streams.core.ids import deterministic_id
+from streams.emission import Emission
+from streams.kafka.topics import Topics
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ONE_MS = timedelta(milliseconds=1)

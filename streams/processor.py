@@ -26,6 +26,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from streams.contracts.envelope import Envelope
+from streams.contracts.models import events as ev
+from streams.contracts.models.base import Record
+from streams.contracts.models.enums import AnomalyKind
+from streams.contracts.models.outputs import Anomaly
 from streams.core import approvals as ap
 from streams.core import executions as ex
 from streams.core import operations as ops
@@ -46,16 +51,11 @@ from streams.emitter import (
     bounded_or_none,
     log_time,
 )
-from streams.envelope import Envelope
-from streams.models import events as ev
-from streams.models.base import Record
-from streams.models.enums import AnomalyKind
-from streams.models.outputs import Anomaly
-from streams.partitioning import partition_of
+from streams.kafka.partitioning import partition_of
+from streams.kafka.topics import Topics
 from streams.scheduler import Due, DueTime, Scheduler, Timers, epoch_ms
 from streams.settings import Settings
 from streams.state import ExecutionStore
-from streams.topics import Topics
 
 __all__ = ["MAX_TEXT", "Counters", "Emission", "Processor", "Stores", "alert_headers", "bounded"]
 

@@ -29,14 +29,14 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from streams import flow
-from streams.admin import create_topics, prepare_registry
-from streams.clients import RecordProducer
-from streams.codec import AvroCodec
-from streams.envelope import Envelope, open_envelope
-from streams.models.events import ClockTick
+from streams.contracts.codec import AvroCodec
+from streams.contracts.envelope import Envelope, open_envelope
+from streams.contracts.models.events import ClockTick
+from streams.kafka.admin import create_topics, prepare_registry
+from streams.kafka.clients import RecordProducer
+from streams.kafka.topics import Topics
 from streams.processor import Emission, Processor, Stores
 from streams.settings import Settings
-from streams.topics import Topics
 
 
 @dataclass

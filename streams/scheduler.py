@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator, MutableMapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
+from streams.contracts.envelope import Envelope
 from streams.core.clock import PartitionClock
-from streams.envelope import Envelope
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ONE_MS = timedelta(milliseconds=1)

@@ -370,7 +370,7 @@ class Settings:
     #: KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL, KAFKA_SASL_OAUTHBEARER_CLIENT_ID,
     #: KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET, KAFKA_SASL_OAUTHBEARER_SCOPE — OAuth 2 client
     #: credentials: every client fetches its token from the endpoint and fetches a new one
-    #: before it expires (``streams.security``).
+    #: before it expires (``streams.kafka.security``).
     oauth_token_url: str | None = None
     oauth_client_id: str | None = None
     oauth_client_secret: str | None = field(default=None, repr=False)

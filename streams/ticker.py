@@ -26,11 +26,11 @@ from http.server import ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from streams.clients import RecordProducer
-from streams.codec import AvroCodec
+from streams.contracts.codec import AvroCodec
+from streams.kafka.clients import RecordProducer
+from streams.kafka.topics import Topics
+from streams.read.status_http import listen_address, serve
 from streams.settings import Settings
-from streams.status_http import listen_address, serve
-from streams.topics import Topics
 
 log = logging.getLogger("vigil.ticker")
 
@@ -50,7 +50,7 @@ class TickerStatus:
     """The ticker's metrics and health, shared by the tick loop and the HTTP thread."""
 
     def __init__(self, interval: float) -> None:
-        from streams.metrics import register_process_collectors
+        from streams.read.metrics import register_process_collectors
 
         self.interval = interval
         self.registry = CollectorRegistry()

@@ -9,7 +9,7 @@ Where the cluster comes from, first match wins:
 
 1. ``KAFKA_BOOTSTRAP_SERVERS`` + ``SCHEMA_REGISTRY_URL`` in the environment (nothing started);
 2. testcontainers, when a Docker engine answers (Kafka in KRaft mode + Apicurio Registry);
-3. the project's own local stack (``streams.localstack``: JVM processes, no Docker). It is
+3. the project's own local stack (``streams.local.stack``: JVM processes, no Docker). It is
    stopped at the end only if this session started it; a cluster a developer started with
    ``vigil dev up`` keeps running.
 """
@@ -21,8 +21,8 @@ from typing import Literal
 
 import pytest
 
-from streams import localstack
-from streams.localstack import CCOMPAT_PATH, REGISTRY_MAX_SUBJECTS, Cluster
+from streams.local import stack as localstack
+from streams.local.stack import CCOMPAT_PATH, REGISTRY_MAX_SUBJECTS, Cluster
 
 Origin = Literal["env", "docker", "local"]
 

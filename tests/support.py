@@ -17,13 +17,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from streams.admin import create_topics, prepare_registry
-from streams.clients import ConsumedRecord, RecordProducer, consume
-from streams.codec import AvroCodec, RegistryConfig
-from streams.localstack import Cluster
-from streams.models.base import Record
+from streams.contracts.codec import AvroCodec, RegistryConfig
+from streams.contracts.models.base import Record
+from streams.kafka.admin import create_topics, prepare_registry
+from streams.kafka.clients import ConsumedRecord, RecordProducer, consume
+from streams.kafka.topics import Topics
+from streams.local.stack import Cluster
 from streams.settings import Settings
-from streams.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -236,7 +236,7 @@ def kill_hard(proc: subprocess.Popen[bytes]) -> None:
 def play(dep: Deployment, steps: Iterable[Any]) -> None:
     """Produce scenario steps in order: records to their topic, ticks to every partition of
     every input topic."""
-    from streams.scenario import Tick
+    from streams.local.scenario import Tick
 
     p = dep.producer()
     last = None

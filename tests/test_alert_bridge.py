@@ -12,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streams.alert_bridge import AlertBook, BridgeSettings, Unmatched
+from streams.contracts.models.enums import AlertKind, AlertStatus, Owner, Severity
+from streams.contracts.models.outputs import Alert
 from streams.core.alertmanager import (
     MAX_ANNOTATION_CHARS,
     MAX_EVIDENCE_ITEMS,
@@ -21,8 +23,6 @@ from streams.core.alertmanager import (
     evidence_text,
     firing,
 )
-from streams.models.enums import AlertKind, AlertStatus, Owner, Severity
-from streams.models.outputs import Alert
 from streams.settings import SettingsError
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)

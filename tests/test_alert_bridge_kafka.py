@@ -32,9 +32,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from streams.localstack import Cluster
-from streams.models.enums import AlertKind, AlertStatus, Owner, Severity
-from streams.models.outputs import Alert
+from streams.contracts.models.enums import AlertKind, AlertStatus, Owner, Severity
+from streams.contracts.models.outputs import Alert
+from streams.local.stack import Cluster
 from streams.processor import alert_headers
 from tests.support import ROOT, Deployment, deployment, free_port
 

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from streams import alert_bridge as ab
+from streams.read.status_http import serve
 from streams.settings import Settings
-from streams.status_http import serve
 from tests.support import free_port
 
 

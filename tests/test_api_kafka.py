@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from streams.models.enums import ExecutionStatus
-from streams.models.events import ApprovalRequested, ExecutionStatusChanged
-from streams.models.outputs import ApprovalVerdict
-from streams.scenario import REFERENCE_AT, Tick, demo_scenario
+from streams.contracts.models.enums import ExecutionStatus
+from streams.contracts.models.events import ApprovalRequested, ExecutionStatusChanged
+from streams.contracts.models.outputs import ApprovalVerdict
+from streams.local.scenario import REFERENCE_AT, Tick, demo_scenario
 from tests.support import deployment, play, worker
 
 pytestmark = pytest.mark.kafka
@@ -199,8 +199,8 @@ def test_sse_keepalive_and_bearer_token(cluster, tmp_path: Path) -> None:
 def test_status_and_watch_commands(running) -> None:
     from typer.testing import CliRunner
 
-    from streams.cli import _mount_optional
-    from streams.cli import app as cli
+    from streams.cli.main import _mount_optional
+    from streams.cli.main import app as cli
 
     _mount_optional()
     _, base = running

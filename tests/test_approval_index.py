@@ -12,13 +12,13 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.approval_index import ApprovalIndex, request_ids, scan
+from streams.contracts.models.events import ApprovalDecision, ApprovalRequested
+from streams.contracts.models.outputs import ApprovalVerdict
 from streams.core.approvals import ApprovalBook
-from streams.models.events import ApprovalDecision, ApprovalRequested
-from streams.models.outputs import ApprovalVerdict
-from streams.partitioning import partition_of
+from streams.kafka.partitioning import partition_of
+from streams.local.scenario import Tick, demo_scenario
 from streams.processor import Processor, Stores
-from streams.scenario import Tick, demo_scenario
+from streams.read.approval_index import ApprovalIndex, request_ids, scan
 from streams.state import Entry
 from tests.test_processor import TOPICS, env, ticks
 

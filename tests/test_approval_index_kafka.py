@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from streams.models.events import ApprovalRequested
-from streams.models.outputs import ApprovalVerdict
-from streams.scenario import Tick
+from streams.contracts.models.events import ApprovalRequested
+from streams.contracts.models.outputs import ApprovalVerdict
+from streams.local.scenario import Tick
 from tests.support import deployment, play, worker
 
 pytestmark = pytest.mark.kafka

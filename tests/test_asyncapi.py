@@ -12,10 +12,10 @@ import jsonschema
 import yaml
 from typer.testing import CliRunner
 
-from streams.asyncapi import AVRO_FORMAT, document, generate, render
-from streams.cli import _mount_optional, app
+from streams.cli.main import _mount_optional, app
+from streams.contracts.asyncapi import AVRO_FORMAT, document, generate, render
+from streams.kafka.topics import Role, Topics
 from streams.settings import Settings
-from streams.topics import Role, Topics
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKED_IN = ROOT / "docs" / "asyncapi.yaml"

@@ -28,7 +28,7 @@ REFERENCE = {
 
 
 def _app() -> typer.Typer:
-    """A tiny app with the command registered as the lead will in streams/cli.py."""
+    """A tiny app with the command registered as streams/cli/main.py registers it."""
     app = typer.Typer()
     app.command("audit")(audit)
 

@@ -1,5 +1,5 @@
-"""The compiled Avro writers (``streams/avro_writer.py``) write the output topics' bytes, a
-public contract: they must be fastavro's bytes exactly, for every contract model."""
+"""The compiled Avro writers (``streams/contracts/avro_writer.py``) write the output topics'
+bytes, a public contract: they must be fastavro's bytes exactly, for every contract model."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.avro_writer import UnsupportedSchema, compile_writer, millis, write_long
-from streams.codec import ALL_MODELS, avro_dict
-from streams.models.base import Record
+from streams.contracts.avro_writer import UnsupportedSchema, compile_writer, millis, write_long
+from streams.contracts.codec import ALL_MODELS, avro_dict
+from streams.contracts.models.base import Record
 from tests.test_contracts import model_strategy
 
 #: ids, reasons and names as they come: any length (a length of 64 bytes or more takes two

@@ -24,12 +24,12 @@ import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from streams.clients import ConsumedRecord, consume
-from streams.envelope import Envelope
-from streams.models.base import Record
-from streams.models.enums import AnomalyKind
-from streams.models.events import ClockTick
-from streams.models.outputs import Anomaly, ApprovalVerdict
+from streams.contracts.envelope import Envelope
+from streams.contracts.models.base import Record
+from streams.contracts.models.enums import AnomalyKind
+from streams.contracts.models.events import ClockTick
+from streams.contracts.models.outputs import Anomaly, ApprovalVerdict
+from streams.kafka.clients import ConsumedRecord, consume
 from streams.processor import Processor, Stores
 from streams.replay import run_replay
 from tests.support import Deployment, deployment, worker

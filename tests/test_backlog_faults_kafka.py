@@ -39,9 +39,9 @@ import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from streams.clients import ConsumedRecord
-from streams.models.base import Record
-from streams.models.outputs import ExecutionState, OperationState
+from streams.contracts.models.base import Record
+from streams.contracts.models.outputs import ExecutionState, OperationState
+from streams.kafka.clients import ConsumedRecord
 from tests.support import Deployment, deployment, kill_hard, play, worker
 from tests.test_faults_kafka import (
     Feeder,

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from streams.localstack import Cluster
+from streams.local.stack import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 EXECUTIONS = 300

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from bench import core
 from bench.sections import outputs_by_input
+from streams.kafka.topics import Topics
 from streams.processor import Processor, Stores
 from streams.settings import Settings
-from streams.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,7 @@ import json, pickle, sys
 from bench import core
 from streams.processor import Processor, Stores
 from streams.settings import Settings
-from streams.topics import Topics
+from streams.kafka.topics import Topics
 
 settings = Settings.from_env()
 processor = Processor.from_settings(settings, Topics.from_settings(settings), Stores())

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from streams.scenario import Tick
+from streams.local.scenario import Tick
 from tests.support import ROOT, Deployment, deployment, play, worker
 from tests.test_faults_kafka import (
     T0,

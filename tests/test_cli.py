@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from streams.cli_consume import (
+from streams.cli.consume import (
     Start,
     matches,
     parse_header_filters,
@@ -27,12 +27,12 @@ from streams.cli_consume import (
     resolve,
     start_from,
 )
-from streams.cli_errors import BadArgument, ExitCode, explain
-from streams.cli_produce import check_lines
-from streams.codec import RegistryUnavailable
-from streams.models.events import ExecutionStatusChanged
+from streams.cli.errors import BadArgument, ExitCode, explain
+from streams.cli.produce import check_lines
+from streams.contracts.codec import RegistryUnavailable
+from streams.contracts.models.events import ExecutionStatusChanged
+from streams.kafka.topics import Topics
 from streams.settings import Settings, SettingsError
-from streams.topics import Topics
 
 SAMPLES = Path(__file__).resolve().parents[1] / "streams" / "samples"
 TOPICS = Topics.from_settings(Settings())
@@ -41,7 +41,7 @@ NOWHERE = "http://127.0.0.1:9"
 
 
 def vigil(*args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> Any:
-    from streams.cli import _mount_optional, app
+    from streams.cli.main import _mount_optional, app
 
     _mount_optional()
     return CliRunner(env={"COLUMNS": "200", **(env or {})}).invoke(app, list(args), input=stdin)
@@ -49,7 +49,7 @@ def vigil(*args: str, env: dict[str, str] | None = None, stdin: str | None = Non
 
 def _commands() -> list[list[str]]:
     """The path of every command and sub-command, walked from typer's click group."""
-    from streams.cli import _mount_optional, app
+    from streams.cli.main import _mount_optional, app
 
     _mount_optional()
     found: list[list[str]] = []
@@ -71,7 +71,7 @@ def _words(text: str) -> str:
 def test_every_help_shows_its_text_whole(path: list[str]) -> None:
     """No markup artefacts: every bracketed part of every help text is printed as written
     (terminal markup once ate "[default: …]"), and no markup tag shows."""
-    from streams.cli import app
+    from streams.cli.main import app
 
     res = vigil(*path, "--help")
     assert res.exit_code == 0, res.output

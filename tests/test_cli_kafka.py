@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from streams.cli_errors import ExitCode
-from streams.models.enums import ExecutionStatus
-from streams.models.events import ExecutionStatusChanged
+from streams.cli.errors import ExitCode
+from streams.contracts.models.enums import ExecutionStatus
+from streams.contracts.models.events import ExecutionStatusChanged
 from tests.support import ROOT, Deployment, deployment
 
 SAMPLES = ROOT / "streams" / "samples"
@@ -35,7 +35,7 @@ def _env(dep: Deployment) -> dict[str, str]:
 
 
 def vigil(dep: Deployment, *args: str, **env: str) -> Any:
-    from streams.cli import _mount_optional, app
+    from streams.cli.main import _mount_optional, app
 
     _mount_optional()
     return CliRunner(env={"COLUMNS": "200", **_env(dep), **env}).invoke(app, list(args))

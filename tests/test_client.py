@@ -4,8 +4,8 @@ server may send."""
 from __future__ import annotations
 
 from streams.client import ApprovalRow, Execution, Page, SSEParser, _stream_event
-from streams.models.enums import ExecutionStatus, OperationStatus, RetryVerdict
-from streams.models.outputs import ExecutionState
+from streams.contracts.models.enums import ExecutionStatus, OperationStatus, RetryVerdict
+from streams.contracts.models.outputs import ExecutionState
 
 
 def test_sse_parser_events_comments_and_multiline_data() -> None:

@@ -19,16 +19,16 @@ from streams.client import (
     Unauthorized,
     Unreachable,
 )
-from streams.models.enums import (
+from streams.contracts.models.enums import (
     ApprovalVerdictCode,
     ExecutionStatus,
     OperationStatus,
     Owner,
     RetryVerdict,
 )
-from streams.models.events import ExecutionStatusChanged
-from streams.models.outputs import ApprovalVerdict, ExecutionState
-from streams.scenario import REFERENCE_AT, Tick, demo_scenario
+from streams.contracts.models.events import ExecutionStatusChanged
+from streams.contracts.models.outputs import ApprovalVerdict, ExecutionState
+from streams.local.scenario import REFERENCE_AT, Tick, demo_scenario
 from tests.registry_proxy import Mode, RegistryProxy
 from tests.support import by_id, deployment, free_port, play, worker
 

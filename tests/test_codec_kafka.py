@@ -18,10 +18,10 @@ from confluent_kafka.schema_registry import Schema
 from confluent_kafka.serialization import MessageField, SerializationContext
 from fastavro import parse_schema, schemaless_writer
 
-from streams.codec import AvroCodec, DecodeError, RegistryConfig, RegistryUnavailable
-from streams.envelope import open_envelope
-from streams.models.enums import ExecutionStatus
-from streams.models.events import ExecutionStatusChanged
+from streams.contracts.codec import AvroCodec, DecodeError, RegistryConfig, RegistryUnavailable
+from streams.contracts.envelope import open_envelope
+from streams.contracts.models.enums import ExecutionStatus
+from streams.contracts.models.events import ExecutionStatusChanged
 from tests.registry_proxy import Mode, RegistryProxy
 from tests.support import deployment
 

@@ -21,16 +21,21 @@ from typing import Any
 import httpx
 import pytest
 
-from streams.models.enums import (
+from streams.contracts.models.enums import (
     AlertStatus,
     EvidenceSource,
     ExecutionStatus,
     OperationEventKind,
     OperationStatus,
 )
-from streams.models.events import ExecutionStatusChanged, OperationEvent
-from streams.models.outputs import Alert, ApprovalVerdict, OperationState, WorkItemResolution
-from streams.scenario import REFERENCE_AT, Tick, demo_scenario
+from streams.contracts.models.events import ExecutionStatusChanged, OperationEvent
+from streams.contracts.models.outputs import (
+    Alert,
+    ApprovalVerdict,
+    OperationState,
+    WorkItemResolution,
+)
+from streams.local.scenario import REFERENCE_AT, Tick, demo_scenario
 from tests.support import ROOT, Deployment, deployment, free_port, play, worker
 
 pytestmark = pytest.mark.kafka

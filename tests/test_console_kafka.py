@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from streams.models.enums import ExecutionStatus
-from streams.models.outputs import ApprovalVerdict, ExecutionState, OperationState
-from streams.scenario import REFERENCE_AT, demo_scenario
+from streams.contracts.models.enums import ExecutionStatus
+from streams.contracts.models.outputs import ApprovalVerdict, ExecutionState, OperationState
+from streams.local.scenario import REFERENCE_AT, demo_scenario
 from tests.support import Deployment, deployment, free_port, play, worker
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(150)]
@@ -64,7 +64,16 @@ def console(dep: Deployment, db: Path, **env: str) -> Iterator[tuple[subprocess.
     log = dep.workdir / f"console-{uuid.uuid4().hex[:6]}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "streams.cli", "console", "--port", str(port), "--db", str(db)],
+            [
+                sys.executable,
+                "-m",
+                "streams.cli.main",
+                "console",
+                "--port",
+                str(port),
+                "--db",
+                str(db),
+            ],
             env=dep.env() | env,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -20,11 +20,11 @@ from streams.console.review import (
     review_event_id,
     write_allowed,
 )
+from streams.contracts.models.enums import EvidenceSource, OperationEventKind, OperationStatus
+from streams.contracts.models.events import OperationEvent
+from streams.contracts.models.outputs import OperationState
 from streams.core import operations as ops
 from streams.core.executions import to_ms
-from streams.models.enums import EvidenceSource, OperationEventKind, OperationStatus
-from streams.models.events import OperationEvent
-from streams.models.outputs import OperationState
 
 K, S = OperationEventKind, OperationStatus
 T0 = datetime(2026, 7, 26, 16, 0, tzinfo=UTC)

@@ -12,9 +12,9 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from streams.cli import app as cli_app
+from streams.cli.main import app as cli_app
 from streams.client import BadRequest, Client, NotFound
-from streams.models.enums import (
+from streams.contracts.models.enums import (
     AlertKind,
     AlertStatus,
     EvidenceSource,
@@ -23,9 +23,9 @@ from streams.models.enums import (
     Owner,
     RetryVerdict,
 )
-from streams.models.events import OperationEvent
-from streams.models.outputs import Alert, OperationState, WorkItemResolution
-from streams.scenario import demo_scenario
+from streams.contracts.models.events import OperationEvent
+from streams.contracts.models.outputs import Alert, OperationState, WorkItemResolution
+from streams.local.scenario import demo_scenario
 from tests.support import Deployment, deployment, play, worker
 from tests.test_console_kafka import console
 

@@ -23,10 +23,9 @@ from streams.console.view import (
     decode_cursor,
     encode_cursor,
 )
-from streams.core.approvals import to_verdict
-from streams.models.enums import ApprovalVerdictCode, Owner, WorkItemKind
-from streams.models.events import ClockTick
-from streams.models.outputs import (
+from streams.contracts.models.enums import ApprovalVerdictCode, Owner, WorkItemKind
+from streams.contracts.models.events import ClockTick
+from streams.contracts.models.outputs import (
     Alert,
     ApprovalVerdict,
     ExecutionState,
@@ -35,9 +34,10 @@ from streams.models.outputs import (
     Thresholds,
     WorkItemResolution,
 )
-from streams.partitioning import partition_of
+from streams.core.approvals import to_verdict
+from streams.kafka.partitioning import partition_of
+from streams.local.scenario import Tick, demo_scenario
 from streams.processor import Processor, Stores
-from streams.scenario import Tick, demo_scenario
 from tests.test_processor import TOPICS, env
 
 CONSOLE_TOPICS = {

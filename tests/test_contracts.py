@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import AwareDatetime
 
-from streams.codec import ALL_MODELS, avro_dict
-from streams.models.base import SCHEMA_DIR, Record
+from streams.contracts.codec import ALL_MODELS, avro_dict
+from streams.contracts.models.base import SCHEMA_DIR, Record
 
 SCHEMA_FILES = sorted(p.stem for p in Path(SCHEMA_DIR).glob("*.avsc"))
 
@@ -167,7 +167,7 @@ def test_round_trip_through_fastavro(model: type[Record]) -> None:
 
 
 def test_times_are_kept_to_the_millisecond() -> None:
-    from streams.models.events import RequesterHeartbeat
+    from streams.contracts.models.events import RequesterHeartbeat
 
     t = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
     beat = RequesterHeartbeat(event_id="e", execution_id="x", occurred_at=t)
@@ -180,7 +180,7 @@ def test_times_are_kept_to_the_millisecond() -> None:
 
 
 def test_naive_timestamps_are_refused() -> None:
-    from streams.models.events import RequesterHeartbeat
+    from streams.contracts.models.events import RequesterHeartbeat
 
     with pytest.raises(ValueError):
         RequesterHeartbeat(event_id="e", execution_id="x", occurred_at=datetime(2026, 1, 1))

@@ -18,6 +18,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streams.audit import SnapshotLine
+from streams.contracts.models.enums import (
+    ApprovalVerdictCode,
+    DecisionCode,
+    DeliveryOutcome,
+    Owner,
+    Proof,
+    ProofState,
+    Risk,
+)
+from streams.contracts.models.events import (
+    ApprovalDecision,
+    ApprovalDelivery,
+    ApprovalRequested,
+    ApproverAcknowledgement,
+    CurrentActionDigest,
+    RequesterHeartbeat,
+    ResumeReceipt,
+)
 from streams.core.approvals import (
     CLOSED_VERDICTS,
     VERDICT_GUIDANCE,
@@ -49,24 +67,6 @@ from streams.core.approvals import (
 )
 from streams.core.approvals.ledger import Settled, from_ms, id_ms, to_ms
 from streams.core.ids import deterministic_id
-from streams.models.enums import (
-    ApprovalVerdictCode,
-    DecisionCode,
-    DeliveryOutcome,
-    Owner,
-    Proof,
-    ProofState,
-    Risk,
-)
-from streams.models.events import (
-    ApprovalDecision,
-    ApprovalDelivery,
-    ApprovalRequested,
-    ApproverAcknowledgement,
-    CurrentActionDigest,
-    RequesterHeartbeat,
-    ResumeReceipt,
-)
 
 V = ApprovalVerdictCode
 D = DecisionCode

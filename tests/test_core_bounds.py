@@ -25,6 +25,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from streams.contracts.models import events as ev
+from streams.contracts.models.base import Record
+from streams.contracts.models.enums import (
+    AnomalyKind,
+    ApprovalVerdictCode,
+    DecisionCode,
+    DeliveryOutcome,
+    EvidenceSource,
+    ExecutionStatus,
+    OperationEventKind,
+    Risk,
+)
+from streams.contracts.models.outputs import Anomaly, ApprovalVerdict
 from streams.core import approvals as ap
 from streams.core.bounds import (
     EARLIEST,
@@ -37,19 +50,6 @@ from streams.core.bounds import (
     out_of_domain,
 )
 from streams.core.operations import OperationConfig
-from streams.models import events as ev
-from streams.models.base import Record
-from streams.models.enums import (
-    AnomalyKind,
-    ApprovalVerdictCode,
-    DecisionCode,
-    DeliveryOutcome,
-    EvidenceSource,
-    ExecutionStatus,
-    OperationEventKind,
-    Risk,
-)
-from streams.models.outputs import Anomaly, ApprovalVerdict
 from streams.policies import PolicyError, load_policies
 from streams.processor import Processor, Stores
 from streams.settings import Settings, SettingsError

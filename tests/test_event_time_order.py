@@ -21,12 +21,12 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streams.envelope import Envelope
-from streams.models.events import ClockTick
-from streams.partitioning import partition_of
+from streams.contracts.envelope import Envelope
+from streams.contracts.models.events import ClockTick
+from streams.kafka.partitioning import partition_of
+from streams.kafka.topics import Topics
 from streams.processor import Processor, Stores
 from streams.settings import Settings
-from streams.topics import Topics
 from tests.test_faults_kafka import ID_FIELDS, T0, execution
 
 PARTITIONS = 2

@@ -12,7 +12,7 @@ Two failures these tests found, each with its own exception so a regression says
 ``ReprocessedAsAnomaly`` (inputs the tables already held processed again after a restart or a
 rebalance, reported as anomalies a single run never publishes; fixed by the applied positions
 in each execution entry, ``streams/state.py``) and ``MissingOutputs`` (Faust skipping input
-records after a rebalance; fixed by the offset guard, ``streams/offsets.py``).
+records after a rebalance; fixed by the offset guard, ``streams/kafka/offsets.py``).
 """
 
 from __future__ import annotations
@@ -33,10 +33,9 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from streams.clients import ConsumedRecord
-from streams.models import events as ev
-from streams.models.base import Record
-from streams.models.enums import (
+from streams.contracts.models import events as ev
+from streams.contracts.models.base import Record
+from streams.contracts.models.enums import (
     AlertKind,
     AnomalyKind,
     DecisionCode,
@@ -47,15 +46,16 @@ from streams.models.enums import (
     OperationStatus,
     Risk,
 )
-from streams.models.outputs import (
+from streams.contracts.models.outputs import (
     Alert,
     Anomaly,
     ExecutionState,
     OperationState,
     ReconciliationWorkItem,
 )
-from streams.partitioning import partition_of
-from streams.scenario import Step, Tick
+from streams.kafka.clients import ConsumedRecord
+from streams.kafka.partitioning import partition_of
+from streams.local.scenario import Step, Tick
 from tests.support import Deployment, by_id, deployment, kill_hard, worker
 from tests.test_pipeline_kafka import offline
 
@@ -692,7 +692,7 @@ def test_broker_restart_during_processing(cluster, cluster_origin, tmp_path: Pat
     steady stream; the worker stays up, reconnects and carries on; the broker is left up."""
     if cluster_origin != "local":
         pytest.skip(f"the broker can only be restarted on the local stack, not {cluster_origin}")
-    from streams import localstack
+    from streams.local import stack as localstack
 
     for runs in RUNNING:
         runs.join()  # never restart the broker under the kill scenarios

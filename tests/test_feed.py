@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from streams.feed import Feed
-from streams.models.enums import ExecutionStatus
-from streams.models.outputs import ExecutionState
+from streams.contracts.models.enums import ExecutionStatus
+from streams.contracts.models.outputs import ExecutionState
+from streams.read.feed import Feed
 
 T0 = datetime(2026, 7, 26, 16, 0, tzinfo=UTC)
 

@@ -80,7 +80,7 @@ def test_the_worker_flags_set_the_fetch_sizes(monkeypatch) -> None:
     from typer.testing import CliRunner
 
     import streams.app
-    from streams.cli import app
+    from streams.cli.main import app
 
     seen = []
     monkeypatch.setattr(streams.app, "run_worker", lambda s, loglevel: seen.append(s))

@@ -22,7 +22,7 @@ def test_a_backlog_is_read_eagerly_then_the_worker_goes_back_to_patient_fetches(
 ) -> None:
     import httpx
 
-    from streams.scenario import Tick
+    from streams.local.scenario import Tick
 
     dep = deployment(cluster, tmp_path, partitions=1)
     steps = [

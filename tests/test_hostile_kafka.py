@@ -28,16 +28,16 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from streams.codec import AvroCodec, DecodeError
-from streams.models.base import Record
-from streams.models.enums import (
+from streams.contracts.codec import AvroCodec, DecodeError
+from streams.contracts.models.base import Record
+from streams.contracts.models.enums import (
     AnomalyKind,
     DecisionCode,
     ExecutionStatus,
     OperationEventKind,
     OperationStatus,
 )
-from streams.models.events import (
+from streams.contracts.models.events import (
     ApprovalDecision,
     ApprovalRequested,
     ClockTick,
@@ -45,8 +45,8 @@ from streams.models.events import (
     OperationEvent,
     RequesterHeartbeat,
 )
-from streams.models.outputs import Anomaly, DeadLetter, ExecutionState, OperationState
-from streams.partitioning import partition_of
+from streams.contracts.models.outputs import Anomaly, DeadLetter, ExecutionState, OperationState
+from streams.kafka.partitioning import partition_of
 from tests.support import Deployment, deployment, worker
 
 pytestmark = pytest.mark.kafka

@@ -22,8 +22,8 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from streams import localstack
-from streams.localstack import Cluster, Settings
+from streams.local import stack as localstack
+from streams.local.stack import Cluster, Settings
 
 # --------------------------------------------------------------------------- pure tests
 
@@ -252,7 +252,7 @@ def test_registry_speaks_confluent_api(cluster: Cluster) -> None:
 @pytest.fixture
 def local_only(cluster_origin: str) -> None:
     if cluster_origin != "local":
-        pytest.skip(f"the cluster came from {cluster_origin}, not from streams.localstack")
+        pytest.skip(f"the cluster came from {cluster_origin}, not from streams.local.stack")
 
 
 @pytest.mark.usefixtures("local_only")

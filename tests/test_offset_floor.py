@@ -13,7 +13,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.offsets import AckOrder, Check, OffsetGuard
+from streams.kafka.offsets import AckOrder, Check, OffsetGuard
 from streams.state import ExecutionStore
 
 TP = ("t", 0)

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from streams.models.enums import OperationStatus
-from streams.models.outputs import (
+from streams.contracts.models.enums import OperationStatus
+from streams.contracts.models.outputs import (
     Alert,
     ApprovalVerdict,
     OperationState,
     ReconciliationWorkItem,
     WorkItemResolution,
 )
+from streams.local.scenario import REFERENCE_AT, Tick, demo_scenario
 from streams.processor import Processor, Stores
-from streams.scenario import REFERENCE_AT, Tick, demo_scenario
 from tests.support import by_id, deployment, kill_hard, play, worker
 from tests.test_processor import env as envelope
 from tests.test_processor import sent
@@ -36,7 +36,7 @@ EXPECTED = {
 def offline(steps, settings) -> dict:
     """What the pure pipeline computes for the same steps (records keyed by their JSON), with
     the offsets the broker will give them: the topics are fresh and produced in this order."""
-    from streams.topics import Topics
+    from streams.kafka.topics import Topics
 
     partitions = settings.partitions
     topics = Topics.from_settings(settings)
@@ -48,9 +48,9 @@ def offline(steps, settings) -> dict:
         offsets[(topic, p)] = offsets.get((topic, p), -1) + 1
         return offsets[(topic, p)]
 
-    from streams.envelope import Envelope
-    from streams.models.events import ClockTick
-    from streams.partitioning import partition_of
+    from streams.contracts.envelope import Envelope
+    from streams.contracts.models.events import ClockTick
+    from streams.kafka.partitioning import partition_of
 
     for s in steps:
         if isinstance(s, Tick):
@@ -170,8 +170,8 @@ def test_forbidden_retry_alerts_once_and_retry_after_failed_does_not(
 def test_status_sequences_over_all_partitions(cluster, tmp_path: Path) -> None:
     """Scripted sequences with illegal, duplicate and late events for many executions: the
     exact execution states and anomalies the core computes come out."""
-    from streams.models.enums import ExecutionStatus as S
-    from streams.models.events import ExecutionStatusChanged
+    from streams.contracts.models.enums import ExecutionStatus as S
+    from streams.contracts.models.events import ExecutionStatusChanged
 
     dep = deployment(cluster, tmp_path, partitions=4)
     steps = []

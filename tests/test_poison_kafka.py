@@ -28,12 +28,11 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from streams.clients import ConsumedRecord
-from streams.envelope import open_envelope
-from streams.models.base import Record
-from streams.models.enums import AlertKind, AnomalyKind, Severity, WorkItemKind
-from streams.models.events import ClockTick
-from streams.models.outputs import (
+from streams.contracts.envelope import open_envelope
+from streams.contracts.models.base import Record
+from streams.contracts.models.enums import AlertKind, AnomalyKind, Severity, WorkItemKind
+from streams.contracts.models.events import ClockTick
+from streams.contracts.models.outputs import (
     Alert,
     Anomaly,
     DeadLetter,
@@ -41,9 +40,10 @@ from streams.models.outputs import (
     OperationState,
     ReconciliationWorkItem,
 )
-from streams.partitioning import partition_of
+from streams.kafka.clients import ConsumedRecord
+from streams.kafka.partitioning import partition_of
+from streams.local.scenario import Tick
 from streams.processor import Processor, Stores
-from streams.scenario import Tick
 from tests.support import ROOT, Deployment, by_id, deployment, worker
 from tests.test_faults_kafka import (
     T0,

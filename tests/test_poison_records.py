@@ -8,10 +8,10 @@ import asyncio
 import hashlib
 from datetime import timedelta
 
-from streams.envelope import Envelope
-from streams.models.enums import AlertKind, AnomalyKind, ExecutionStatus, Severity
-from streams.models.events import ExecutionStatusChanged
-from streams.models.outputs import Alert, Anomaly, DeadLetter
+from streams.contracts.envelope import Envelope
+from streams.contracts.models.enums import AlertKind, AnomalyKind, ExecutionStatus, Severity
+from streams.contracts.models.events import ExecutionStatusChanged
+from streams.contracts.models.outputs import Alert, Anomaly, DeadLetter
 from streams.processor import MAX_TEXT, Processor, Stores, bounded
 from tests.test_processor import T0, TOPICS, env, ticks
 

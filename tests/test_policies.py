@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from streams.core.approvals import resolve_thresholds
+from streams.local.scenario import Tick
 from streams.policies import PolicyError, load_policies
 from streams.processor import Processor, Stores
-from streams.scenario import Tick
 from tests.test_processor import TOPICS, env, ticks
 
 DEFAULTS = dict(
@@ -49,8 +49,8 @@ def test_bad_policy_file_says_where(tmp_path: Path) -> None:
 def test_action_policy_changes_the_stream_verdict(tmp_path: Path) -> None:
     """The reference deploy request is STUCK after 5 minutes of grace; under a deploy policy
     with a two-hour grace the same facts are RESUMING."""
-    from streams.models.outputs import ApprovalVerdict
-    from streams.scenario import REFERENCE_AT, reference_audit_lines, snapshot_events
+    from streams.contracts.models.outputs import ApprovalVerdict
+    from streams.local.scenario import REFERENCE_AT, reference_audit_lines, snapshot_events
 
     (deploy,) = [x for x in reference_audit_lines() if x.request_id == "req-deploy"]
     f = tmp_path / "p.json"

@@ -7,17 +7,17 @@ from itertools import count
 
 import pytest
 
-from streams.envelope import Envelope
-from streams.models.base import Record
-from streams.models.enums import (
+from streams.contracts.envelope import Envelope
+from streams.contracts.models.base import Record
+from streams.contracts.models.enums import (
     AnomalyKind,
     ExecutionStatus,
     OperationEventKind,
     OperationStatus,
     RetryVerdict,
 )
-from streams.models.events import ClockTick, ExecutionStatusChanged, OperationEvent
-from streams.models.outputs import (
+from streams.contracts.models.events import ClockTick, ExecutionStatusChanged, OperationEvent
+from streams.contracts.models.outputs import (
     Alert,
     Anomaly,
     DeadLetter,
@@ -26,10 +26,10 @@ from streams.models.outputs import (
     ReconciliationWorkItem,
     WorkItemResolution,
 )
-from streams.partitioning import partition_of
+from streams.kafka.partitioning import partition_of
+from streams.kafka.topics import Topics
 from streams.processor import Processor, Stores
 from streams.settings import Settings
-from streams.topics import Topics
 
 T0 = datetime(2026, 7, 26, 16, 0, tzinfo=UTC)
 TOPICS = Topics.from_settings(Settings(partitions=3))
@@ -170,8 +170,8 @@ def test_restart_rebuilds_timer_index_from_tables() -> None:
 
 
 def test_decision_for_a_request_that_never_comes_is_an_orphan_anomaly(proc: Processor) -> None:
-    from streams.models.enums import DecisionCode
-    from streams.models.events import ApprovalDecision
+    from streams.contracts.models.enums import DecisionCode
+    from streams.contracts.models.events import ApprovalDecision
 
     d = ApprovalDecision(
         event_id="d1",
@@ -190,8 +190,8 @@ def test_decision_for_a_request_that_never_comes_is_an_orphan_anomaly(proc: Proc
 
 
 def test_unreadable_decision_code_is_an_anomaly(proc: Processor) -> None:
-    from streams.models.enums import DecisionCode
-    from streams.models.events import ApprovalDecision
+    from streams.contracts.models.enums import DecisionCode
+    from streams.contracts.models.events import ApprovalDecision
 
     d = ApprovalDecision(
         event_id="d1",

@@ -53,14 +53,14 @@ def exported_names() -> set[str]:
     show, from their registries: counters as ``_total`` (and ``_created``), histograms as
     ``_bucket``, ``_count`` and ``_sum``."""
     from streams.alert_bridge import BridgeStatus
-    from streams.approval_index import ApprovalIndex
-    from streams.metrics import Metrics
-    from streams.offsets import OffsetGuard
+    from streams.kafka.offsets import OffsetGuard
+    from streams.kafka.topics import Topics
     from streams.processor import Processor, Stores
+    from streams.read.approval_index import ApprovalIndex
+    from streams.read.metrics import Metrics
+    from streams.read.web import _IndexCollector
     from streams.settings import Settings
     from streams.ticker import TickerStatus
-    from streams.topics import Topics
-    from streams.web import _IndexCollector
 
     processor = Processor(Topics.from_settings(Settings(partitions=3)), Stores())
     worker = Metrics(processor, dict, OffsetGuard())

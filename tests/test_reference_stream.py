@@ -6,9 +6,9 @@ import json
 
 from typer.testing import CliRunner
 
-from streams.models.outputs import ApprovalVerdict
+from streams.contracts.models.outputs import ApprovalVerdict
+from streams.local.scenario import REFERENCE_AT, REFERENCE_AUDIT, Tick, demo_scenario
 from streams.processor import Processor, Stores
-from streams.scenario import REFERENCE_AT, REFERENCE_AUDIT, Tick, demo_scenario
 from tests.test_processor import TOPICS, env, ticks
 
 EXPECTED = {

@@ -28,13 +28,13 @@ from fastavro import parse_schema, schemaless_writer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.codec import AvroCodec, RegistryConfig, RegistryOutage, RegistryUnavailable
+from streams.contracts.codec import AvroCodec, RegistryConfig, RegistryOutage, RegistryUnavailable
+from streams.contracts.models.enums import ExecutionStatus
+from streams.contracts.models.events import ExecutionStatusChanged
+from streams.contracts.models.outputs import DeadLetter, ExecutionState
 from streams.core.executions import apply_status, status_event
-from streams.models.enums import ExecutionStatus
-from streams.models.events import ExecutionStatusChanged
-from streams.models.outputs import DeadLetter, ExecutionState
+from streams.kafka.topics import Topics
 from streams.replay import run_replay
-from streams.topics import Topics
 from tests.registry_proxy import Mode, RegistryProxy
 from tests.support import deployment, worker
 

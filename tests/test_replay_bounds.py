@@ -13,19 +13,19 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from streams.audit import run_audit
-from streams.models.base import Record
-from streams.models.enums import DecisionCode, DeliveryOutcome, Risk
-from streams.models.events import (
+from streams.contracts.models.base import Record
+from streams.contracts.models.enums import DecisionCode, DeliveryOutcome, Risk
+from streams.contracts.models.events import (
     ApprovalDecision,
     ApprovalDelivery,
     ApprovalRequested,
     RequesterHeartbeat,
     ResumeReceipt,
 )
-from streams.models.outputs import ApprovalVerdict
+from streams.contracts.models.outputs import ApprovalVerdict
+from streams.local.scenario import Tick
 from streams.processor import Processor, Stores
 from streams.replay import end_ticks, in_range
-from streams.scenario import Tick
 from tests.test_processor import TOPICS, env, ticks
 
 T = datetime(2026, 7, 26, 16, 30, tzinfo=UTC)
@@ -198,7 +198,7 @@ def test_replays_to_consecutive_ends_agree_with_the_audit_at_each() -> None:
 def test_both_helps_state_the_boundary() -> None:
     from typer.testing import CliRunner
 
-    from streams.cli import _mount_optional, app
+    from streams.cli.main import _mount_optional, app
 
     _mount_optional()
     runner = CliRunner(env={"COLUMNS": "200"})

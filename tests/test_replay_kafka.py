@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from streams.clients import consume
+from streams.kafka.clients import consume
+from streams.local.scenario import REFERENCE_AT, demo_scenario
 from streams.replay import run_replay
-from streams.scenario import REFERENCE_AT, demo_scenario
 from tests.support import deployment, play, worker
 
 pytestmark = pytest.mark.kafka
@@ -78,7 +78,7 @@ def test_replay_equals_live_and_itself(cluster, tmp_path: Path) -> None:
 
 def test_replay_to_a_time_decides_everything_before_it(cluster, tmp_path: Path) -> None:
     """With --to, decisions due before the end are taken even if no tick passed them."""
-    from streams.models.outputs import ReconciliationWorkItem
+    from streams.contracts.models.outputs import ReconciliationWorkItem
     from tests.test_processor import T0, sent
 
     dep = deployment(cluster, tmp_path)
@@ -106,8 +106,8 @@ def test_replay_reaches_the_end_time_in_every_partition(
 ) -> None:
     """Operations in several partitions, no ticks, a replay to a time: every partition's
     deadlines are taken, whichever process holds the partition."""
-    from streams.models.outputs import ReconciliationWorkItem
-    from streams.partitioning import partition_of
+    from streams.contracts.models.outputs import ReconciliationWorkItem
+    from streams.kafka.partitioning import partition_of
     from tests.test_processor import T0, sent
 
     dep = deployment(cluster, tmp_path)
@@ -151,7 +151,7 @@ def test_a_failing_replay_process_fails_the_replay(cluster, tmp_path: Path) -> N
 def test_other_interleaving_and_tick_phase_same_outputs(cluster, tmp_path: Path) -> None:
     """The scenario produced twice: once as is; once topic by topic (another interleaving
     across the input topics) with ticks at another phase. Same outputs."""
-    from streams.scenario import Tick
+    from streams.local.scenario import Tick
 
     steps = demo_scenario()
     events = [s for s in steps if not isinstance(s, Tick)]
@@ -191,7 +191,7 @@ def test_vigil_replay_command_shares_partitions_among_processes(cluster, tmp_pat
         [
             sys.executable,
             "-m",
-            "streams.cli",
+            "streams.cli.main",
             "replay",
             "--from",
             T0.isoformat(),
@@ -253,8 +253,8 @@ def test_replay_pauses_a_topic_far_ahead_and_still_reads_everything(
     replay ends."""
     from dataclasses import replace
 
-    from streams.models.outputs import OperationState
-    from streams.scenario import Tick
+    from streams.contracts.models.outputs import OperationState
+    from streams.local.scenario import Tick
     from tests.test_processor import T0, sent
 
     dep = deployment(cluster, tmp_path, partitions=1)
@@ -284,7 +284,7 @@ def test_a_replay_to_t_agrees_with_the_audit_at_t(cluster, tmp_path: Path) -> No
     """``--to T`` includes T: an answer stamped T counts and a deadline due at T is reached
     (the answer first), as ``vigil audit --at T`` judges; facts after T are not read. The
     log runs past T, and two processes share the partitions."""
-    from streams.models.outputs import ApprovalVerdict
+    from streams.contracts.models.outputs import ApprovalVerdict
     from tests.test_replay_bounds import START, T, audit_at, boundary_scenario, last_verdicts
 
     dep = deployment(cluster, tmp_path)

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.changelog import DirectTable
+from streams.contracts.envelope import Envelope
 from streams.core.clock import PartitionClock
-from streams.envelope import Envelope
 from streams.scheduler import EPOCH, Due, DueTime, HeldEvent, Scheduler, Timers, epoch_ms
 
 INPUTS = ("a", "b", "c")

@@ -16,8 +16,8 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.utils import generate_many
 from typer.testing import CliRunner
 
-from streams.models.base import SCHEMA_DIR
-from streams.schema_compat import incompatibilities
+from streams.contracts.compat import incompatibilities
+from streams.contracts.models.base import SCHEMA_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,7 +135,7 @@ def test_nested_records_arrays_and_maps_are_resolved() -> None:
 
 def test_every_project_schema_reads_every_earlier_version_in_git() -> None:
     """CI's check on vigil's own contract: ``vigil schemas check --offline`` over schemas/."""
-    from streams.cli import _mount_optional, app
+    from streams.cli.main import _mount_optional, app
 
     _mount_optional()
     res = CliRunner().invoke(app, ["schemas", "check", "--offline"])
@@ -157,7 +157,7 @@ def git(repo: Path, *args: str) -> None:
 def test_check_finds_a_change_that_only_the_oldest_version_rules_out(tmp_path: Path) -> None:
     """v2 dropped a string field; the working copy brings it back as an int with a default:
     it reads v2's data but not v1's, so the check fails against v1 only."""
-    from streams.cli import _mount_optional, app
+    from streams.cli.main import _mount_optional, app
 
     _mount_optional()
     git(tmp_path, "init", "-q")

@@ -1,6 +1,6 @@
-"""Enums used by several schemas come from one source (``streams.models.enums``): every copy
-in ``schemas/`` is what the source generates, and ``vigil schemas enums`` puts a drifted copy
-back."""
+"""Enums used by several schemas come from one source (``streams.contracts.models.enums``):
+every copy in ``schemas/`` is what the source generates, and ``vigil schemas enums`` puts a
+drifted copy back."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from streams.models.base import SCHEMA_DIR
-from streams.schema_enums import avro_enum, sources, sync
+from streams.contracts.enum_copies import avro_enum, sources, sync
+from streams.contracts.models.base import SCHEMA_DIR
 
 
 def enum_definitions(schema: Any) -> list[dict[str, Any]]:
@@ -30,7 +30,7 @@ def enum_definitions(schema: Any) -> list[dict[str, Any]]:
 
 
 def run(*args: str) -> Any:
-    from streams.cli import _mount_optional, app
+    from streams.cli.main import _mount_optional, app
 
     _mount_optional()
     return CliRunner().invoke(app, ["schemas", "enums", *args])

@@ -20,11 +20,11 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 from typer.testing import CliRunner
 
-from streams.codec import AvroCodec, RegistryConfig, SchemaNotRegistered
-from streams.models.enums import ExecutionStatus
-from streams.models.events import ClockTick, ExecutionStatusChanged
-from streams.models.outputs import ExecutionState
-from streams.topics import Topics
+from streams.contracts.codec import AvroCodec, RegistryConfig, SchemaNotRegistered
+from streams.contracts.models.enums import ExecutionStatus
+from streams.contracts.models.events import ClockTick, ExecutionStatusChanged
+from streams.contracts.models.outputs import ExecutionState
+from streams.kafka.topics import Topics
 from tests.support import Deployment, deployment, worker
 
 pytestmark = pytest.mark.kafka
@@ -32,7 +32,7 @@ T0 = datetime(2026, 7, 26, 16, 0, tzinfo=UTC)
 
 
 def vigil(dep: Deployment, *args: str) -> Any:
-    from streams.cli import _mount_optional, app
+    from streams.cli.main import _mount_optional, app
 
     _mount_optional()
     env = {

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-from streams.security import (
+from streams.kafka.security import (
     ClientCredentialsTokenProvider,
     TokenError,
     broker_credentials,

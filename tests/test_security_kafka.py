@@ -23,8 +23,8 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-from streams import localstack
-from streams.security import ClientCredentialsTokenProvider, broker_credentials
+from streams.kafka.security import ClientCredentialsTokenProvider, broker_credentials
+from streams.local import stack as localstack
 from streams.settings import Settings
 from tests.test_security import Pki, TokenEndpoint
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from streams import compact
 from streams.core import executions as ex
 from streams.core import operations as ops
-from streams.offsets import AckOrder, Check, OffsetGuard
+from streams.kafka.offsets import AckOrder, Check, OffsetGuard
 from streams.state import MAX_SEEN, Entry, ExecutionStore
 
 # Fields hold JSON text: never the separator, and never starting with a control character

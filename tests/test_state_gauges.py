@@ -8,10 +8,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from streams.metrics import Metrics
+from streams.local.scenario import Tick, demo_scenario
 from streams.processor import Processor, Stores
-from streams.scenario import Tick, demo_scenario
-from streams.state_gauges import StateGauges, count_state
+from streams.read.metrics import Metrics
+from streams.read.state_gauges import StateGauges, count_state
 from tests.test_processor import TOPICS, env, ticks
 
 
@@ -69,7 +69,7 @@ def test_a_scrape_reads_no_table_and_a_refresh_decodes_off_the_loop() -> None:
     assert "vigil_executions_in_flight 0.0" in before
 
     decoded_in: list[str] = []
-    import streams.state_gauges as sg
+    import streams.read.state_gauges as sg
 
     original = sg.Entry.decode
 

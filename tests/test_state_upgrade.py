@@ -13,10 +13,10 @@ from pathlib import Path
 
 from bench import core
 from streams.core.execution import PARTS, Execution
+from streams.kafka.topics import Topics
 from streams.processor import Processor, Stores
 from streams.settings import Settings
 from streams.state import Entry
-from streams.topics import Topics
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures/state_6733ee4.json").read_text())
 

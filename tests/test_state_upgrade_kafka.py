@@ -14,10 +14,10 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from streams.contracts.models.enums import ExecutionStatus
+from streams.contracts.models.outputs import ExecutionState
 from streams.core import executions as ex
-from streams.models.enums import ExecutionStatus
-from streams.models.outputs import ExecutionState
-from streams.partitioning import partition_of
+from streams.kafka.partitioning import partition_of
 from streams.state import Entry
 from tests.support import deployment, worker
 from tests.test_worker_kafka import T0, status

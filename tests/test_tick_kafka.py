@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from streams.models.events import ClockTick
+from streams.contracts.models.events import ClockTick
 from tests.support import Deployment, deployment
 
 T = datetime(2026, 7, 26, 16, 30, tzinfo=UTC)
@@ -21,7 +21,7 @@ T = datetime(2026, 7, 26, 16, 30, tzinfo=UTC)
 
 def vigil(dep: Deployment | None, *args: str) -> Any:
     """``vigil ARGS`` in this process, with the deployment's settings in the environment."""
-    from streams.cli import _mount_optional, app
+    from streams.cli.main import _mount_optional, app
 
     _mount_optional()
     env = {"COLUMNS": "200"}

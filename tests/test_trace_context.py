@@ -10,21 +10,26 @@ from fastavro import parse_schema, schemaless_writer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.avro_writer import compile_writer
-from streams.core import trace
-from streams.envelope import Envelope
-from streams.models.base import Record
-from streams.models.enums import AlertKind, ApprovalVerdictCode, ExecutionStatus, OperationStatus
-from streams.models.events import INPUT_MODELS, ClockTick, ExecutionStatusChanged
-from streams.models.outputs import (
+from streams.contracts.avro_writer import compile_writer
+from streams.contracts.envelope import Envelope
+from streams.contracts.models.base import Record
+from streams.contracts.models.enums import (
+    AlertKind,
+    ApprovalVerdictCode,
+    ExecutionStatus,
+    OperationStatus,
+)
+from streams.contracts.models.events import INPUT_MODELS, ClockTick, ExecutionStatusChanged
+from streams.contracts.models.outputs import (
     OUTPUT_MODELS,
     Alert,
     ApprovalVerdict,
     OperationState,
     ReconciliationWorkItem,
 )
+from streams.core import trace
+from streams.local.scenario import Tick, demo_scenario
 from streams.processor import Emission, Processor, Stores
-from streams.scenario import Tick, demo_scenario
 from streams.state import SEP, Entry
 from tests.test_processor import T0, TOPICS, env, sent, ticks
 
@@ -298,7 +303,7 @@ def test_state_entries_without_traces_keep_their_five_fields() -> None:
 def test_dropped_traceparents_are_exported_as_a_metric() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from streams.metrics import VigilCollector
+    from streams.read.metrics import VigilCollector
 
     proc = Processor(TOPICS, Stores())
     bad = sent("op-1").model_copy(update={"traceparent": "not-a-traceparent"})

@@ -10,10 +10,15 @@ from pathlib import Path
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from streams.models.enums import OperationStatus
-from streams.models.events import INPUT_MODELS, ClockTick, ExecutionStatusChanged
-from streams.models.outputs import OUTPUT_MODELS, Alert, OperationState, ReconciliationWorkItem
-from streams.scenario import Tick
+from streams.contracts.models.enums import OperationStatus
+from streams.contracts.models.events import INPUT_MODELS, ClockTick, ExecutionStatusChanged
+from streams.contracts.models.outputs import (
+    OUTPUT_MODELS,
+    Alert,
+    OperationState,
+    ReconciliationWorkItem,
+)
+from streams.local.scenario import Tick
 from tests.support import deployment, play, worker
 from tests.test_processor import T0, sent
 from tests.test_trace_context import traced

@@ -11,10 +11,10 @@ from confluent_kafka import Producer
 from confluent_kafka.schema_registry import Schema
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from streams.contracts.models.enums import ExecutionStatus
+from streams.contracts.models.events import ExecutionStatusChanged
+from streams.contracts.models.outputs import DeadLetter, ExecutionState
 from streams.core.executions import apply_status, status_event
-from streams.models.enums import ExecutionStatus
-from streams.models.events import ExecutionStatusChanged
-from streams.models.outputs import DeadLetter, ExecutionState
 from tests.support import deployment, worker
 
 pytestmark = pytest.mark.kafka
@@ -74,7 +74,7 @@ def test_worker_publishes_typed_output_and_dead_letters_garbage(cluster, tmp_pat
 def test_producer_partitions_like_the_worker(cluster, tmp_path: Path) -> None:
     """murmur2 on both sides: the partition a record lands in is the one the worker's tables
     and our partition_of() expect."""
-    from streams.partitioning import partition_of
+    from streams.kafka.partitioning import partition_of
 
     dep = deployment(cluster, tmp_path, partitions=6)
     events = [status(f"ex-{i}", 1, ExecutionStatus.CREATED) for i in range(40)]
@@ -111,7 +111,7 @@ def test_ticker_writes_into_every_partition_of_every_input_topic(cluster, tmp_pa
     import subprocess
     import sys
 
-    from streams.models.events import ClockTick
+    from streams.contracts.models.events import ClockTick
 
     dep = deployment(cluster, tmp_path)
     res = subprocess.run(

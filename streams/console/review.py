@@ -46,17 +46,17 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from streams.core import operations as ops
-from streams.core.ids import deterministic_id
-from streams.models.base import to_millis
-from streams.models.enums import (
+from streams.contracts.models.base import to_millis
+from streams.contracts.models.enums import (
     AnomalyKind,
     EvidenceSource,
     OperationEventKind,
     OperationStatus,
 )
-from streams.models.events import OperationEvent
-from streams.models.outputs import OperationState
+from streams.contracts.models.events import OperationEvent
+from streams.contracts.models.outputs import OperationState
+from streams.core import operations as ops
+from streams.core.ids import deterministic_id
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -299,7 +299,7 @@ def register_review(app: web.Application, ctx: ConsoleContext) -> None:
     is never logged."""
     from aiohttp import web
 
-    from streams.topics import Topics
+    from streams.kafka.topics import Topics
 
     ctx.view.execute_write(REVIEW_LOG)
     ctx.view.execute_write(REVIEW_LOG_INDEX)

@@ -15,12 +15,12 @@ from streams.console.api import create_app
 from streams.console.service import ChangeHub, ConsoleConsumer, ConsoleContext, ConsumerStatus
 from streams.console.settings import ConsoleSettings
 from streams.console.view import ConsoleView
+from streams.kafka.topics import Topics
 from streams.settings import Settings
-from streams.topics import Topics
 
 if TYPE_CHECKING:
-    from streams.clients import RecordProducer
-    from streams.codec import AvroCodec
+    from streams.contracts.codec import AvroCodec
+    from streams.kafka.clients import RecordProducer
 
 log = logging.getLogger("vigil.console")
 
@@ -30,7 +30,7 @@ def _producer_factory(settings: Settings, codec: AvroCodec) -> Callable[[], Reco
     lock = threading.Lock()
 
     def factory() -> RecordProducer:
-        from streams.clients import RecordProducer
+        from streams.kafka.clients import RecordProducer
 
         with lock:
             if not made:
@@ -104,7 +104,7 @@ async def serve(settings: Settings, console: ConsoleSettings, codec: AvroCodec) 
 
 def run(settings: Settings, console: ConsoleSettings | None = None) -> None:
     """The ``vigil console`` process."""
-    from streams.codec import AvroCodec
+    from streams.contracts.codec import AvroCodec
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     console = console or ConsoleSettings.from_env(settings)

@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from streams.console.settings import ConsoleSettings
 from streams.console.view import Change, ConsoleView, Incoming
+from streams.kafka.topics import Topics
 from streams.settings import Settings
-from streams.topics import Topics
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer
 
-    from streams.clients import RecordProducer
-    from streams.codec import AvroCodec
+    from streams.contracts.codec import AvroCodec
+    from streams.kafka.clients import RecordProducer
 
 log = logging.getLogger("vigil.console")
 T = TypeVar("T")
@@ -280,7 +280,7 @@ class ConsoleConsumer:
     def _run(self) -> None:
         from confluent_kafka import KafkaError, TopicPartition
 
-        from streams.codec import DecodeError, RegistryUnavailable
+        from streams.contracts.codec import DecodeError, RegistryUnavailable
 
         c = self._consumer()
         try:

@@ -27,10 +27,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from streams.core.approvals import CLOSED_VERDICTS
-from streams.core.operations import NEXT_STEP_OVERDUE, NEXT_STEP_UNKNOWN
-from streams.models.base import Record
-from streams.models.enums import (
+from streams.contracts.models.base import Record
+from streams.contracts.models.enums import (
     AlertKind,
     AlertStatus,
     ApprovalVerdictCode,
@@ -40,7 +38,7 @@ from streams.models.enums import (
     Severity,
     WorkItemKind,
 )
-from streams.models.outputs import (
+from streams.contracts.models.outputs import (
     Alert,
     ApprovalVerdict,
     ExecutionState,
@@ -48,6 +46,8 @@ from streams.models.outputs import (
     ReconciliationWorkItem,
     WorkItemResolution,
 )
+from streams.core.approvals import CLOSED_VERDICTS
+from streams.core.operations import NEXT_STEP_OVERDUE, NEXT_STEP_UNKNOWN
 
 #: Bumped when the tables change: an older file is dropped and rebuilt from the topics.
 SCHEMA_VERSION = 1

@@ -22,8 +22,8 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
-from streams.models.enums import AlertKind
-from streams.models.outputs import Alert
+from streams.contracts.models.enums import AlertKind
+from streams.contracts.models.outputs import Alert
 
 #: kinds no RESOLVED record ever closes
 POINT_IN_TIME: frozenset[AlertKind] = frozenset({AlertKind.FORBIDDEN_RETRY, AlertKind.ANOMALY})

@@ -8,9 +8,15 @@ verdict record that caused it, so a replay gives the same alerts.
 
 from __future__ import annotations
 
+from streams.contracts.models.enums import (
+    AlertKind,
+    AlertStatus,
+    ApprovalVerdictCode,
+    Owner,
+    Severity,
+)
+from streams.contracts.models.outputs import Alert, Anomaly, ApprovalVerdict
 from streams.core.ids import deterministic_id
-from streams.models.enums import AlertKind, AlertStatus, ApprovalVerdictCode, Owner, Severity
-from streams.models.outputs import Alert, Anomaly, ApprovalVerdict
 
 V = ApprovalVerdictCode
 ACTIONABLE: dict[ApprovalVerdictCode, Severity] = {

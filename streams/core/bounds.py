@@ -36,10 +36,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from streams.contracts.models import events as ev
+from streams.contracts.models.base import Record
+from streams.contracts.models.enums import AnomalyKind
 from streams.core.findings import AnomalyFinding
-from streams.models import events as ev
-from streams.models.base import Record
-from streams.models.enums import AnomalyKind
 
 #: The earliest time any input may carry (inclusive).
 EARLIEST = datetime(1971, 1, 1, tzinfo=UTC)

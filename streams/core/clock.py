@@ -28,7 +28,7 @@ from operator import itemgetter
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, field_validator, model_validator
 
-from streams.models.base import construct
+from streams.contracts.models.base import construct
 
 _time = itemgetter(1)
 

@@ -31,15 +31,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from streams.contracts.models import events as ev
+from streams.contracts.models.base import Record
+from streams.contracts.models.outputs import ApprovalVerdict
 from streams.core import approvals as ap
 from streams.core import executions as ex
 from streams.core import operations as ops
 from streams.core import trace
 from streams.core.executions import from_ms, to_ms
 from streams.core.findings import AnomalyFinding
-from streams.models import events as ev
-from streams.models.base import Record
-from streams.models.outputs import ApprovalVerdict
 
 ONE_MS = timedelta(milliseconds=1)
 

@@ -29,11 +29,11 @@ from typing import Annotated, Literal, NamedTuple
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
+from streams.contracts.models.base import construct
+from streams.contracts.models.enums import AnomalyKind, ExecutionStatus
+from streams.contracts.models.events import ExecutionStatusChanged
+from streams.contracts.models.outputs import ExecutionState
 from streams.core.findings import AnomalyFinding
-from streams.models.base import construct
-from streams.models.enums import AnomalyKind, ExecutionStatus
-from streams.models.events import ExecutionStatusChanged
-from streams.models.outputs import ExecutionState
 
 _sha256 = hashlib.sha256
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from streams.models.enums import AnomalyKind
+from streams.contracts.models.enums import AnomalyKind
 
 
 @dataclass(frozen=True, slots=True)

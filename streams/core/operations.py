@@ -46,11 +46,8 @@ from typing import NamedTuple
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
-from streams.core.executions import from_ms, id_ms, to_ms
-from streams.core.findings import AnomalyFinding
-from streams.core.ids import deterministic_id
-from streams.models.base import Record, construct
-from streams.models.enums import (
+from streams.contracts.models.base import Record, construct
+from streams.contracts.models.enums import (
     AlertKind,
     AlertStatus,
     AnomalyKind,
@@ -62,13 +59,16 @@ from streams.models.enums import (
     Severity,
     WorkItemKind,
 )
-from streams.models.events import OperationEvent
-from streams.models.outputs import (
+from streams.contracts.models.events import OperationEvent
+from streams.contracts.models.outputs import (
     Alert,
     OperationState,
     ReconciliationWorkItem,
     WorkItemResolution,
 )
+from streams.core.executions import from_ms, id_ms, to_ms
+from streams.core.findings import AnomalyFinding
+from streams.core.ids import deterministic_id
 
 S = OperationStatus
 K = OperationEventKind

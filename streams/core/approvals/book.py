@@ -14,6 +14,21 @@ from typing import Any
 
 from pydantic import AwareDatetime, field_validator
 
+from streams.contracts.models.base import construct, replace, to_millis
+from streams.contracts.models.enums import (
+    ApprovalVerdictCode,
+    DecisionCode,
+)
+from streams.contracts.models.events import (
+    ApprovalDecision,
+    ApprovalDelivery,
+    ApprovalRequested,
+    ApproverAcknowledgement,
+    CurrentActionDigest,
+    RequesterHeartbeat,
+    ResumeReceipt,
+)
+from streams.contracts.models.outputs import ApprovalVerdict
 from streams.core.approvals.evaluation import change_points, evaluate, to_verdict
 from streams.core.approvals.facts import (
     ApprovalFacts,
@@ -29,21 +44,6 @@ from streams.core.approvals.facts import (
 )
 from streams.core.approvals.thresholds import ThresholdSet, request_overrides
 from streams.core.approvals.vocabulary import _EARLIEST, _TIME_FINAL, CLOSED_VERDICTS
-from streams.models.base import construct, replace, to_millis
-from streams.models.enums import (
-    ApprovalVerdictCode,
-    DecisionCode,
-)
-from streams.models.events import (
-    ApprovalDecision,
-    ApprovalDelivery,
-    ApprovalRequested,
-    ApproverAcknowledgement,
-    CurrentActionDigest,
-    RequesterHeartbeat,
-    ResumeReceipt,
-)
-from streams.models.outputs import ApprovalVerdict
 
 
 class LastVerdict(_TimedModel):

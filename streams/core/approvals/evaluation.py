@@ -39,6 +39,16 @@ from datetime import datetime, timedelta
 
 from pydantic import AwareDatetime
 
+from streams.contracts.models.base import construct, to_millis
+from streams.contracts.models.enums import (
+    ApprovalVerdictCode,
+    DecisionCode,
+    DeliveryOutcome,
+    Owner,
+    Proof,
+    ProofState,
+)
+from streams.contracts.models.outputs import ApprovalVerdict, ProofFinding, Thresholds
 from streams.core.approvals.facts import (
     ApprovalFacts,
     DecisionFact,
@@ -76,16 +86,6 @@ from streams.core.approvals.vocabulary import (
     V,
 )
 from streams.core.ids import deterministic_id
-from streams.models.base import construct, to_millis
-from streams.models.enums import (
-    ApprovalVerdictCode,
-    DecisionCode,
-    DeliveryOutcome,
-    Owner,
-    Proof,
-    ProofState,
-)
-from streams.models.outputs import ApprovalVerdict, ProofFinding, Thresholds
 
 
 class Evaluation(_TimedModel):

@@ -11,6 +11,12 @@ from typing import Any, TypeVar
 
 from pydantic import AwareDatetime, field_validator
 
+from streams.contracts.models.base import to_millis
+from streams.contracts.models.enums import (
+    DecisionCode,
+    DeliveryOutcome,
+    Risk,
+)
 from streams.core.approvals.thresholds import (
     ThresholdOverrides,
     ThresholdSet,
@@ -18,12 +24,6 @@ from streams.core.approvals.thresholds import (
     _resolve,
 )
 from streams.core.approvals.vocabulary import _EARLIEST
-from streams.models.base import to_millis
-from streams.models.enums import (
-    DecisionCode,
-    DeliveryOutcome,
-    Risk,
-)
 
 #: A fact's time; None = unknown, but known to have happened before the evaluation.
 FactTime = AwareDatetime | None

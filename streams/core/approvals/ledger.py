@@ -29,6 +29,25 @@ from datetime import UTC, datetime, timedelta
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any, NamedTuple
 
+from streams.contracts.models.base import construct
+from streams.contracts.models.enums import (
+    ApprovalVerdictCode,
+    DecisionCode,
+    DeliveryOutcome,
+    Proof,
+    ProofState,
+    Risk,
+)
+from streams.contracts.models.events import (
+    ApprovalDecision,
+    ApprovalDelivery,
+    ApprovalRequested,
+    ApproverAcknowledgement,
+    CurrentActionDigest,
+    RequesterHeartbeat,
+    ResumeReceipt,
+)
+from streams.contracts.models.outputs import ApprovalVerdict, ProofFinding, Thresholds
 from streams.core.approvals.book import (
     ApprovalBook,
     ApprovalEvent,
@@ -70,25 +89,6 @@ from streams.core.approvals.vocabulary import (
     V,
 )
 from streams.core.ids import deterministic_id
-from streams.models.base import construct
-from streams.models.enums import (
-    ApprovalVerdictCode,
-    DecisionCode,
-    DeliveryOutcome,
-    Proof,
-    ProofState,
-    Risk,
-)
-from streams.models.events import (
-    ApprovalDecision,
-    ApprovalDelivery,
-    ApprovalRequested,
-    ApproverAcknowledgement,
-    CurrentActionDigest,
-    RequesterHeartbeat,
-    ResumeReceipt,
-)
-from streams.models.outputs import ApprovalVerdict, ProofFinding, Thresholds
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ONE_MS = timedelta(milliseconds=1)

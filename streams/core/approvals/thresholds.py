@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from streams.models.base import construct, to_millis
-from streams.models.outputs import Thresholds
+from streams.contracts.models.base import construct, to_millis
+from streams.contracts.models.outputs import Thresholds
 
 
 class _Frozen(BaseModel):

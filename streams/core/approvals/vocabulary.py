@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
-from streams.models.enums import (
+from streams.contracts.models.enums import (
     ApprovalVerdictCode,
     DecisionCode,
     Owner,

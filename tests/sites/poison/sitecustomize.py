@@ -39,7 +39,7 @@ def _raise_on(event_id: str) -> None:
 
 
 def _refuse_once(execution_id: str) -> None:
-    from streams.clients import RecordProducer
+    from streams.kafka.clients import RecordProducer
 
     send = RecordProducer.send_emission
     left = [1]

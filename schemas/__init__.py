@@ -1,0 +1,1 @@
+"""vigil's Avro contracts, installed as the package ``streams.contracts.schemas``."""

@@ -1,0 +1,1 @@
+"""The `vigil` command line."""

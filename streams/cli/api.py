@@ -1,0 +1,172 @@
+"""``vigil status`` and ``vigil watch``: the worker's HTTP API for a person at a terminal."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from streams.cli.errors import ServiceUnreachable
+from streams.contracts.codec import ALL_MODELS
+
+UrlOpt = Annotated[
+    str, typer.Option("--url", envvar="VIGIL_API_URL", help="A worker's HTTP address.")
+]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="VIGIL_API_TOKEN",
+        help="Bearer token, if the API wants one.",
+        show_default=False,
+    ),
+]
+MODELS = {m.avro_name: m for m in ALL_MODELS}
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _fail(resp: httpx.Response, console: Console) -> None:
+    try:
+        message = resp.json().get("error", resp.text)
+    except ValueError:
+        message = resp.text
+    # the message may hold brackets (allowed values): printed as text, not markup
+    console.print(f"{resp.status_code} {message}", markup=False, highlight=False)
+    raise typer.Exit(1 if resp.status_code == 404 else 2)
+
+
+def status(
+    execution_id: Annotated[str, typer.Argument(help="Execution id.")],
+    url: UrlOpt = "http://127.0.0.1:6066",
+    token: TokenOpt = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+) -> None:
+    """Print one execution: status, operations with retry verdicts, approvals with verdicts."""
+    out, err = Console(), Console(stderr=True)
+    try:
+        resp = httpx.get(
+            f"{url.rstrip('/')}/v1/executions/{execution_id}",
+            headers=_headers(token),
+            follow_redirects=True,
+            timeout=10,
+        )
+    except httpx.HTTPError as exc:
+        raise ServiceUnreachable(f"cannot reach the worker at {url}: {exc}") from None
+    if resp.status_code != 200:
+        _fail(resp, err)
+    body: dict[str, Any] = resp.json()
+    if json_output:
+        print(json.dumps(body, indent=2))
+        return
+    state = "in flight" if body.get("in_flight") else "closed"
+    out.print(
+        f"[bold]{body['execution_id']}[/bold]  {body.get('status') or '(no status yet)'}"
+        f"  since {body.get('since') or '-'}  ({state})"
+    )
+    if body["operations"]:
+        t = Table(
+            "operation",
+            "attempt",
+            "status",
+            "retry",
+            "reason",
+            "since",
+            "work item",
+            title="Operations",
+        )
+        for op in body["operations"]:
+            style = "red" if op["status"] == "UNKNOWN" else ""
+            t.add_row(
+                op["operation_id"],
+                str(op["attempt"]),
+                f"[{style}]{op['status']}[/]" if style else op["status"],
+                op["retry"],
+                op.get("reason") or "",
+                op["since"],
+                op.get("open_work_item_id") or "",
+            )
+        out.print(t)
+    if body["approvals"]:
+        t = Table(
+            "request", "verdict", "owner", "failed proofs", "next safe step", title="Approvals"
+        )
+        for a in body["approvals"]:
+            proofs = ", ".join(f"{f['proof']}:{f['reason']}" for f in a.get("failed_proofs", []))
+            t.add_row(
+                a["request_id"],
+                a.get("verdict") or "(not judged yet)",
+                a.get("owner") or "",
+                proofs,
+                a.get("next_step") or "",
+            )
+        out.print(t)
+
+
+def watch(
+    execution_id: Annotated[str, typer.Argument(help="Execution id.")],
+    url: UrlOpt = "http://127.0.0.1:6066",
+    token: TokenOpt = None,
+    retries: Annotated[int, typer.Option(help="Reconnect this many times after a drop.")] = 5,
+) -> None:
+    """Follow an execution live until it reaches a terminal state.
+
+    Reads the worker's Server-Sent Events; after a drop it reconnects with Last-Event-ID, so
+    nothing the worker still holds is missed.
+    """
+    from streams.local.demo import STYLE, describe
+
+    out, err = Console(), Console(stderr=True)
+    last: str | None = None
+    attempts = 0
+    while True:
+        headers = _headers(token) | ({"Last-Event-ID": last} if last else {})
+        try:
+            with httpx.stream(
+                "GET",
+                f"{url.rstrip('/')}/v1/executions/{execution_id}/stream",
+                headers=headers,
+                follow_redirects=True,
+                timeout=httpx.Timeout(10, read=120),
+            ) as resp:
+                if resp.status_code != 200:
+                    resp.read()
+                    _fail(resp, err)
+                event: dict[str, str] = {}
+                for line in resp.iter_lines():
+                    if line.startswith(":"):
+                        continue
+                    if line:
+                        key, _, value = line.partition(": ")
+                        event[key] = value
+                        continue
+                    if "data" in event:
+                        last = event.get("id", last)
+                        model = MODELS.get(event.get("event", ""))
+                        record = model.model_validate(json.loads(event["data"])) if model else None
+                        shown = describe(record) if record is not None else None
+                        if shown is None and record is not None:
+                            shown = ("", record.avro_name, execution_id, "")
+                        if shown:
+                            at, what, subject, detail = shown
+                            style = STYLE.get(what, "white")
+                            out.print(
+                                f"[dim]{at}[/dim] [{style}]{what:<14}[/{style}] "
+                                f"[bold]{subject:<20}[/bold] {detail}"
+                            )
+                    event = {}
+            return  # the server ends the stream at the terminal state
+        except httpx.HTTPError as exc:
+            attempts += 1
+            if attempts > retries:
+                raise ServiceUnreachable(
+                    f"lost the stream of {url} after {retries} reconnections: {exc}"
+                ) from None
+            time.sleep(min(5.0, 0.5 * attempts))

@@ -1,0 +1,1 @@
+"""Kafka plumbing: clients, admin, the topic catalogue, partitioning, offsets, security."""

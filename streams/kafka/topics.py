@@ -1,0 +1,234 @@
+"""The topic catalogue: every topic vigil reads or writes, and the registry subject of every
+record type on it, in one place.
+
+Faust creates only its own internal topics (table changelogs, repartitions); user topics must
+exist before a worker starts, so ``vigil topics create`` creates these idempotently. Input
+topics are co-partitioned (same partition count, keyed by execution_id, murmur2) so that one
+worker task sees every fact of an execution, and the tables used together share partitions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import cache
+
+from streams.contracts.models import events as ev
+from streams.contracts.models import outputs as out
+from streams.contracts.models.base import Record
+from streams.settings import Settings
+
+DAY_MS = 24 * 3600 * 1000
+
+
+class Role(StrEnum):
+    INPUT = "input"
+    OUTPUT = "output"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    role: Role
+    key: str
+    value_types: tuple[type[Record], ...]
+    partitions: int
+    cleanup_policy: str
+    retention_ms: int
+    doc: str
+    #: inputs: the broker refuses a record timestamp more than this ahead of its own clock
+    #: (``message.timestamp.after.max.ms``), the reference of vigil's future-skew check
+    future_skew_ms: int | None = None
+
+    def config(self) -> dict[str, str]:
+        conf = {"cleanup.policy": self.cleanup_policy}
+        if self.future_skew_ms is not None:
+            conf["message.timestamp.after.max.ms"] = str(self.future_skew_ms)
+        if self.cleanup_policy == "delete":
+            conf["retention.ms"] = str(self.retention_ms)
+        else:
+            conf["min.compaction.lag.ms"] = "60000"
+            conf["delete.retention.ms"] = str(DAY_MS)
+        return conf
+
+    @property
+    def value_subject(self) -> bool:
+        """Whether the topic's values use the default ``<topic>-value`` subject
+        (TopicNameStrategy): an output that carries one record type, so ksqlDB, Flink SQL,
+        Kafka Connect and registry UIs find its schema without settings. Inputs (their events
+        and clock ticks) and outputs with several record types use ``<topic>-<record full
+        name>`` (TopicRecordNameStrategy), one subject per record type."""
+        return self.role is Role.OUTPUT and len(self.value_types) == 1
+
+    def subject(self, model: type[Record]) -> str:
+        """The registry subject of ``model``'s values on this topic."""
+        return subject_name(self.name, model, value_subject=self.value_subject)
+
+    def subjects(self) -> tuple[tuple[str, type[Record]], ...]:
+        """Every subject of this topic, with the record type registered under it."""
+        return tuple((self.subject(m), m) for m in self.value_types)
+
+
+def subject_name(topic: str, model: type[Record], *, value_subject: bool | None = None) -> str:
+    """The subject of ``model`` on ``topic``: ``<topic>-value`` for the record type of a
+    single-type output (``value_subject``; by default: whether ``model`` is one of those in the
+    catalogue, whatever the prefix and suffix of ``topic``), else ``<topic>-<full name>``."""
+    if value_subject is None:
+        value_subject = model in value_subject_models()
+    return f"{topic}-value" if value_subject else f"{topic}-{model.avro_fullname()}"
+
+
+@cache
+def value_subject_models() -> frozenset[type[Record]]:
+    """The record types that are the only type of their output topic. A record type lives on
+    one topic of the catalogue, so its subject strategy follows from the type alone."""
+    return frozenset(
+        t.value_types[0] for t in Topics.from_settings(Settings()).all() if t.value_subject
+    )
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Topic names for one deployment (prefix) and one output set (suffix)."""
+
+    execution_status: TopicSpec
+    operation_events: TopicSpec
+    approval_events: TopicSpec
+    run_signals: TopicSpec
+    execution_state: TopicSpec
+    operation_state: TopicSpec
+    reconciliation_work: TopicSpec
+    approval_verdicts: TopicSpec
+    alerts: TopicSpec
+    anomalies: TopicSpec
+    dead_letters: TopicSpec
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> Topics:
+        p, sfx, n = s.topic_prefix, s.output_suffix, s.partitions
+        tick = (ev.ClockTick,)
+
+        def i(name: str, types: tuple[type[Record], ...], doc: str) -> TopicSpec:
+            return TopicSpec(
+                f"{p}.{name}",
+                Role.INPUT,
+                "execution_id (ticks: none)",
+                types + tick,
+                n,
+                "delete",
+                s.retention_ms,
+                doc,
+                int(s.max_future_skew.total_seconds() * 1000),
+            )
+
+        def o(
+            name: str, key: str, types: tuple[type[Record], ...], policy: str, days: int, doc: str
+        ) -> TopicSpec:
+            return TopicSpec(
+                f"{p}.{name}{sfx}", Role.OUTPUT, key, types, n, policy, s.retention_ms, doc
+            )
+
+        return cls(
+            execution_status=i(
+                "execution-status",
+                (ev.ExecutionStatusChanged,),
+                "Status changes of executions, from agent runtimes.",
+            ),
+            operation_events=i(
+                "operation-events",
+                (ev.OperationEvent,),
+                "Operation facts from runtimes, connectors, reconcilers, reviewers.",
+            ),
+            approval_events=i(
+                "approval-events",
+                (
+                    ev.ApprovalRequested,
+                    ev.ApprovalDelivery,
+                    ev.ApproverAcknowledgement,
+                    ev.ApprovalDecision,
+                ),
+                "Approval requests, deliveries, acknowledgements and decisions.",
+            ),
+            run_signals=i(
+                "run-signals",
+                (ev.CurrentActionDigest, ev.ResumeReceipt, ev.RequesterHeartbeat),
+                "What runs say about themselves: current action digest, resume receipts, "
+                "heartbeats.",
+            ),
+            execution_state=o(
+                "execution-state",
+                "execution_id",
+                (out.ExecutionState,),
+                "compact",
+                0,
+                "Latest state of every execution.",
+            ),
+            operation_state=o(
+                "operation-state",
+                "operation_id",
+                (out.OperationState,),
+                "compact",
+                0,
+                "Latest state of every operation, with retry verdict.",
+            ),
+            reconciliation_work=o(
+                "reconciliation-work",
+                "operation_id",
+                (out.ReconciliationWorkItem, out.WorkItemResolution),
+                "delete",
+                30,
+                "Work items for reconcilers and their resolutions.",
+            ),
+            approval_verdicts=o(
+                "approval-verdicts",
+                "request_id",
+                (out.ApprovalVerdict,),
+                "delete",
+                30,
+                "Verdict transitions of approval waits.",
+            ),
+            alerts=o(
+                "alerts",
+                "subject_id",
+                (out.Alert,),
+                "delete",
+                30,
+                "Actionable transitions for alerting subscribers.",
+            ),
+            anomalies=o(
+                "anomalies",
+                "execution_id (or source coordinates)",
+                (out.Anomaly,),
+                "delete",
+                30,
+                "Inputs reported instead of applied.",
+            ),
+            dead_letters=o(
+                "dead-letters",
+                "original key",
+                (out.DeadLetter,),
+                "delete",
+                30,
+                "Undecodable or invalid records with their original bytes.",
+            ),
+        )
+
+    def all(self) -> tuple[TopicSpec, ...]:
+        return tuple(vars(self).values())
+
+    def inputs(self) -> tuple[TopicSpec, ...]:
+        return tuple(t for t in self.all() if t.role is Role.INPUT)
+
+    def outputs(self) -> tuple[TopicSpec, ...]:
+        return tuple(t for t in self.all() if t.role is Role.OUTPUT)
+
+    def subjects(self) -> tuple[tuple[str, type[Record]], ...]:
+        """Every registry subject of the catalogue, with its record type."""
+        return tuple(pair for t in self.all() for pair in t.subjects())
+
+    def by_name(self, name: str) -> TopicSpec:
+        for t in self.all():
+            if t.name == name:
+                return t
+        known = ", ".join(t.name for t in self.all())
+        raise KeyError(f"unknown topic {name!r}; known: {known}")

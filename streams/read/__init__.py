@@ -1,0 +1,1 @@
+"""The read side: the worker's HTTP API, read model, live feed and metrics."""
