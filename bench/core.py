@@ -34,18 +34,31 @@ START = datetime(2026, 1, 1, tzinfo=UTC)
 SEED = 8
 
 
+def _layout(new: str, old: str) -> Any:
+    """The module ``new`` of this tree's layout, or ``old`` in a tree from before the package
+    restructure (``streams/contracts``, ``streams/kafka``): an A/B runs this script in both.
+    The old path is tried first, since the editable install may resolve the new one to the
+    current tree's files while running in the old tree."""
+    import importlib
+
+    try:
+        return importlib.import_module(old)
+    except ModuleNotFoundError:
+        return importlib.import_module(new)
+
+
 def workload(executions: int) -> list[Any]:
     """The benchmark's mix (``bench/workload.py``) as Envelopes, in log order, with ticks every
     second of event time and the final tick rounds, partitioned like every vigil producer.
     The values are empty: the Processor reads the decoded record, not the bytes."""
     from bench.sections import BACKFILL_SPACING, BACKFILL_STEP, BACKFILL_TICK_MS, FINAL_TICK_AFTER
     from bench.workload import from_ms, plan, tick_times
-    from streams.contracts.envelope import Envelope
-    from streams.contracts.models.events import ClockTick
-    from streams.kafka.partitioning import partition_of
-    from streams.kafka.topics import Topics
     from streams.settings import Settings
 
+    Envelope = _layout("streams.contracts.envelope", "streams.envelope").Envelope
+    ClockTick = _layout("streams.contracts.models.events", "streams.models.events").ClockTick
+    partition_of = _layout("streams.kafka.partitioning", "streams.partitioning").partition_of
+    Topics = _layout("streams.kafka.topics", "streams.topics").Topics
     settings = Settings.from_env()
     topics = Topics.from_settings(settings)
     inputs = [t.name for t in topics.inputs()]
@@ -111,11 +124,11 @@ def run_once(executions: int) -> dict[str, Any]:
     """One timed pass of a fresh Processor over the workload (built before the clock starts).
     What it publishes is kept and digested after the clock stops (``digest``)."""
     from streams.app import tune_gc
-    from streams.kafka.topics import Topics
     from streams.processor import Processor, Stores
     from streams.replay import REPLAY_FLUSH_EVERY
     from streams.settings import Settings
 
+    Topics = _layout("streams.kafka.topics", "streams.topics").Topics
     envs = workload(executions)
     settings = Settings.from_env()
     processor = Processor.from_settings(
