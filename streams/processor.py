@@ -53,7 +53,7 @@ from streams.emitter import (
 )
 from streams.kafka.partitioning import partition_of
 from streams.kafka.topics import Topics
-from streams.scheduler import Due, DueTime, Scheduler, Timers, epoch_ms
+from streams.scheduler import EPOCH, ONE_MS, Due, DueTime, Scheduler, Timers, epoch_ms, from_ms
 from streams.settings import Settings
 from streams.state import ExecutionStore
 
@@ -216,7 +216,7 @@ class Processor:
     @property
     def last_tick(self) -> dict[tuple[str, int], datetime]:
         """Per input topic partition, the time of the newest clock tick read (metrics)."""
-        return self.scheduler.last_tick
+        return {where: from_ms(ms) for where, ms in self.scheduler.last_tick.items()}
 
     # -- entry point ----------------------------------------------------------------------
     def handle(self, env: Envelope, token: Any = None) -> list[Emission]:
@@ -231,9 +231,11 @@ class Processor:
         self.state.partition = env.partition
         self.applying = None
         out = self._handle(env, token)
-        for em in list(out):
-            if isinstance(em.record, Anomaly):
-                out.append(self.emitter.emit(anomaly_alert(em.record)))
+        if out:
+            for i in range(len(out)):
+                record = out[i].record
+                if type(record) is Anomaly:
+                    out.append(self.emitter.emit(anomaly_alert(record)))
         if not self.write_behind:
             self.flush()
             self.flush_clocks()
@@ -248,33 +250,34 @@ class Processor:
         record = env.record
         assert record is not None
         self.counters.inputs[record.avro_name] += 1
-        if isinstance(record, ev.ClockTick):
+        t = record.occurred_at  # type: ignore[attr-defined]
+        t_ms = (t - EPOCH) // ONE_MS  # epoch_ms, inlined: once per record
+        if type(record) is ev.ClockTick:
             scheduler.done(token)
-            refusal = self._check_time(env, record.occurred_at) or out_of_domain(record)
+            refusal = self._check_time(env, t, t_ms) or out_of_domain(record)
             if refusal is not None:
                 out.append(self.emitter.anomaly(env, record, refusal))
                 return out
-            scheduler.note_tick(env.topic, env.partition, record.occurred_at)
-            self._observe(env, record.occurred_at, out)
+            scheduler.note_tick(env.topic, env.partition, t_ms)
+            self._observe(env, t_ms, out)
             return out
         if trace.malformed(record):
             self.counters.traceparents_dropped += 1  # applied all the same, without it
-        refusal = self._check(env, record)
+        refusal = self._check(env, record, t, t_ms)
         if refusal is not None:
             scheduler.done(token)
             out.append(self.emitter.anomaly(env, record, refusal))
             return out
-        t: datetime = record.occurred_at  # type: ignore[attr-defined]
         watermark = scheduler.watermark(env.partition)
-        if watermark is not None and t < watermark:
+        if watermark is not None and t_ms < watermark:
             # Behind the watermark: its time has been judged already. Applied at once (it is
             # still a fact); its effect shows from the next evaluated instant.
             self.counters.late += 1
             self._apply(env, record, out)
             scheduler.done(token)
         else:
-            scheduler.hold(env, epoch_ms(t), token)
-        self._observe(env, t, out)
+            scheduler.hold(env, t_ms, token)
+        self._observe(env, t_ms, out)
         return out
 
     def _apply(self, env: Envelope, record: Record, out: list[Emission]) -> None:
@@ -302,11 +305,13 @@ class Processor:
         return self.committed(self.input_names[rank], partition)
 
     # -- validation the core cannot do (it does not know keys or stream time) --------------
-    def _check(self, env: Envelope, record: Record) -> AnomalyFinding | None:
+    def _check(
+        self, env: Envelope, record: Record, t: datetime, t_ms: int
+    ) -> AnomalyFinding | None:
         fields = record.__dict__
         execution_id = fields.get("execution_id")
         # Bytes against bytes: a key that is not UTF-8 must not pass by being decoded lossily.
-        if execution_id is None or env.key != execution_id.encode(errors="surrogatepass"):
+        if execution_id is None or env.key != execution_id.encode("utf-8", "surrogatepass"):
             key = env.key.decode(errors="replace") if env.key is not None else None
             return AnomalyFinding(
                 AnomalyKind.KEY_MISMATCH,
@@ -314,16 +319,22 @@ class Processor:
                 f"{bounded_or_none(execution_id)!r}: the record may sit in the wrong partition, "
                 "away from the rest of its execution",
             )
-        for field_name in ("decision", "outcome"):
-            if fields.get(field_name) == "UNRECOGNIZED":
+        cls = type(record)
+        names = _SYMBOL_FIELDS.get(cls)
+        if names is None:
+            names = _SYMBOL_FIELDS[cls] = tuple(
+                n for n in ("decision", "outcome") if n in cls.model_fields
+            )
+        for field_name in names:
+            if fields[field_name] == "UNRECOGNIZED":
                 return AnomalyFinding(
                     AnomalyKind.UNRECOGNIZED_SYMBOL,
                     f"{record.avro_name}.{field_name} has a symbol this version does not know;"
                     " not applied (a decision vigil cannot read is not a decision)",
                 )
-        return self._check_time(env, record.occurred_at) or out_of_domain(record)  # type: ignore[attr-defined]
+        return self._check_time(env, t, t_ms) or out_of_domain(record)
 
-    def _check_time(self, env: Envelope, t: datetime) -> AnomalyFinding | None:
+    def _check_time(self, env: Envelope, t: datetime, t_ms: int) -> AnomalyFinding | None:
         """An event time vigil cannot place: before 1971, or more than ``max_future_skew``
         ahead of the record's own Kafka timestamp.
 
@@ -334,18 +345,17 @@ class Processor:
         the live run and every replay judge alike, and it does not depend on how far the
         worker has read the other topics, nor on gaps between the records of a sparse topic
         (a backfill may be quiet for hours). A record with no timestamp is not checked."""
-        if t < EARLIEST_PLAUSIBLE:
+        if t_ms < _EARLIEST_PLAUSIBLE_MS:
             return AnomalyFinding(
                 AnomalyKind.TIME_OUT_OF_RANGE, f"event time {t.isoformat()} is before 1971"
             )
-        if env.timestamp_ms is not None and env.timestamp_ms >= 0:
-            limit_ms = env.timestamp_ms + self._skew_ms
-            if epoch_ms(t) > limit_ms:
-                return AnomalyFinding(
-                    AnomalyKind.TIME_OUT_OF_RANGE,
-                    f"event time {t.isoformat()} is more than {self.max_future_skew} ahead of "
-                    f"its record timestamp {log_time(env).isoformat()}",
-                )
+        timestamp_ms = env.timestamp_ms
+        if timestamp_ms is not None and 0 <= timestamp_ms < t_ms - self._skew_ms:
+            return AnomalyFinding(
+                AnomalyKind.TIME_OUT_OF_RANGE,
+                f"event time {t.isoformat()} is more than {self.max_future_skew} ahead of "
+                f"its record timestamp {log_time(env).isoformat()}",
+            )
         return None
 
     # -- the execution aggregate ----------------------------------------------------------
@@ -445,24 +455,26 @@ class Processor:
                 judge_first.add(key)
         return Timers(due, judge_first)
 
-    def _observe(self, env: Envelope, t: datetime, out: list[Emission]) -> None:
-        watermark = self.scheduler.observe(env, t)
+    def _observe(self, env: Envelope, t_ms: int, out: list[Emission]) -> None:
+        watermark = self.scheduler.observe(env, t_ms)
         if watermark is not None:
             self._on_watermark(env.partition, watermark, out)
 
-    def _on_watermark(self, partition: int, watermark: datetime, out: list[Emission]) -> None:
+    def _on_watermark(self, partition: int, watermark_ms: int, out: list[Emission]) -> None:
         """Apply every held event and advance every execution due strictly before the
         watermark, in the scheduler's order."""
-        for item in self.scheduler.release(partition, watermark):
-            if isinstance(item, Due):
-                at = epoch_ms(item.at)
+        done = self.scheduler.done
+        for item in self.scheduler.release(partition, watermark_ms):
+            if type(item) is Due:
+                at = item.at_ms
                 for key in item.execution_ids:
                     self._advance_key(key, at, out)
             else:
-                record = item.env.record
+                env = item.env  # type: ignore[union-attr]
+                record = env.record
                 assert record is not None
-                self._apply(item.env, record, out)
-                self.scheduler.done(item.token)
+                self._apply(env, record, out)
+                done(item.token)  # type: ignore[union-attr]
 
     # -- trace context --------------------------------------------------------------------
     def _traces(self, execution_id: str) -> dict[str, str] | None:
@@ -499,6 +511,12 @@ class Processor:
             partition = partition_of(execution_id, self.partitions)
             self._partitions[execution_id] = partition
         return partition
+
+
+#: Per input type, its fields that carry a symbol its producer may know and vigil may not
+#: (filled as types are met).
+_SYMBOL_FIELDS: dict[type[Record], tuple[str, ...]] = {}
+_EARLIEST_PLAUSIBLE_MS = epoch_ms(EARLIEST_PLAUSIBLE)
 
 
 def _dump_traces(traces: dict[str, str]) -> str:

@@ -7,6 +7,11 @@ in time order, every held event and every due time strictly before a new waterma
 processor applies or advances each. At equal times events go first: an answer stamped at its
 deadline is in time.
 
+Times are integer epoch milliseconds throughout (event times, watermarks, due times), as in the
+core: a record's time is converted once, where the processor reads it. Each partition's clock
+is a dict of maxima updated in place; the immutable ``PartitionClock`` is built only where a
+clock is stored or shown (``flush_clocks``, ``clocks``).
+
 It also does the bookkeeping that lets a stored clock be trusted after a restart: which
 records were read since the clock was last stored, which are still held, how far each input
 topic partition is acknowledged (``acked_clock``), which tokens are done (``drain_done``), and
@@ -59,9 +64,9 @@ class DueTime(NamedTuple):
 
 
 class Due(NamedTuple):
-    """Executions to advance to ``at``, released together, in id order."""
+    """Executions to advance to ``at_ms``, released together, in id order."""
 
-    at: datetime
+    at_ms: int
     execution_ids: tuple[str, ...]
 
 
@@ -69,14 +74,11 @@ class Read(NamedTuple):
     """An input record observed since its partition's clock was last stored."""
 
     offset: int
-    at: datetime
+    at_ms: int
 
 
-class Mark(NamedTuple):
-    """A partition's watermark, with the clock it was computed from."""
-
-    clock: PartitionClock
-    watermark: datetime | None
+def from_ms(ms: int) -> datetime:
+    return EPOCH + ms * ONE_MS
 
 
 class Timers(NamedTuple):
@@ -102,8 +104,12 @@ class Scheduler:
         self.store = clocks
         self.timers = timers
         self.rank = {name: i for i, name in enumerate(input_names)}
-        #: the clock of each partition as read so far
-        self.clocks: dict[int, PartitionClock] = {}
+        #: per partition, the largest event time read on each input topic (epoch ms), as read
+        #: so far; updated in place
+        self.maxima: dict[int, dict[str, int]] = {}
+        #: per partition, the minimum of ``maxima`` once every input topic is in it, else
+        #: absent: the watermark, kept as the maxima move (it only rises)
+        self.watermarks: dict[int, int] = {}
         #: the clock of each partition as last stored (or restored): acknowledged records only
         self.saved: dict[int, PartitionClock] = {}
         #: partitions whose clock moved or whose acknowledgements rose since last stored
@@ -115,8 +121,6 @@ class Scheduler:
         self.held_offsets: dict[tuple[str, int], set[int]] = {}
         #: per partition, per input topic: processed below this offset, not stored yet
         self.processed: dict[int, dict[str, int]] = {}
-        #: the watermark of each partition's clock, computed once per clock
-        self.marks: dict[int, Mark] = {}
         #: per partition, a heap of due times; built from the tables on first use
         self.due: dict[int, list[DueTime]] = {}
         #: per partition, executions to advance before anything else (``Timers.judge_first``)
@@ -129,7 +133,7 @@ class Scheduler:
         self.held_by: Counter[tuple[str, int]] = Counter()
         #: per input topic partition, the event time of the newest clock tick read there (for
         #: the metrics: how long ago the ticker's clock last reached the partition)
-        self.last_tick: dict[tuple[str, int], datetime] = {}
+        self.last_tick: dict[tuple[str, int], int] = {}
         self.seq = 0
         self.done_tokens: list[Any] = []
 
@@ -138,12 +142,12 @@ class Scheduler:
         the tables. Decisions are stamped with exact due times, so nothing is decided twice
         or differently; at worst one tick later. Held events were never acknowledged: Kafka
         delivers them again to the partition's owner."""
-        self.clocks.clear()
+        self.maxima.clear()
+        self.watermarks.clear()
         self.saved.clear()
         self.trail.clear()
         self.held_offsets.clear()
         self.processed.clear()
-        self.marks.clear()
         self.due.clear()
         self.judge_first.clear()
         self.pending.clear()
@@ -156,11 +160,18 @@ class Scheduler:
     def hold(self, env: Envelope, time_ms: int, token: Any) -> None:
         """Keep an event until its partition's watermark passes ``time_ms``."""
         self.seq += 1
-        self.held_by[(env.topic, env.partition)] += 1
-        self.held_offsets.setdefault((env.topic, env.partition), set()).add(env.offset)
+        topic, partition, offset = env.topic, env.partition, env.offset
+        where = (topic, partition)
+        self.held_by[where] += 1
+        offsets = self.held_offsets.get(where)
+        if offsets is None:
+            offsets = self.held_offsets[where] = set()
+        offsets.add(offset)
+        heap = self.pending.get(partition)
+        if heap is None:
+            heap = self.pending[partition] = []
         heapq.heappush(
-            self.pending.setdefault(env.partition, []),
-            HeldEvent(time_ms, self.rank.get(env.topic, 0), env.offset, self.seq, env, token),
+            heap, HeldEvent(time_ms, self.rank.get(topic, 0), offset, self.seq, env, token)
         )
 
     def done(self, token: Any) -> None:
@@ -179,11 +190,11 @@ class Scheduler:
         """Whether the topic partition's newest time is past its partition's watermark: its
         held events wait for the other inputs, so reading it further only holds more. The
         input that sets the watermark is never ahead: pausing it could stop time."""
-        clock = self.clocks.get(partition)
-        newest = clock.max_for(topic) if clock is not None else None
+        maxima = self.maxima.get(partition)
+        newest = maxima.get(topic) if maxima is not None else None
         if newest is None:
             return False
-        watermark = self.watermark(partition)
+        watermark = self.watermarks.get(partition)
         return watermark is None or newest > watermark
 
     # -- due times --------------------------------------------------------------------------
@@ -201,84 +212,118 @@ class Scheduler:
                 self.judge_first.setdefault(partition, set()).update(timers.judge_first)
         return heap
 
-    def release(self, partition: int, watermark: datetime) -> Iterator[HeldEvent | Due]:
-        """Every held event and every due time strictly before ``watermark``, in time order,
-        events first at equal times. Lazy: what the caller schedules or holds while applying
-        one is seen by the next."""
-        limit = epoch_ms(watermark) - 1
+    def release(self, partition: int, watermark_ms: int) -> Iterator[HeldEvent | Due]:
+        """Every held event and every due time strictly before ``watermark_ms``, in time
+        order, events first at equal times. Lazy: what the caller schedules or holds while
+        applying one is seen by the next."""
+        limit = watermark_ms - 1
         heap = self.index(partition)
         first = self.judge_first.pop(partition, None)
         if first:
-            yield Due(watermark - ONE_MS, tuple(sorted(first)))
-        pending = self.pending.get(partition, [])
+            yield Due(limit, tuple(sorted(first)))
+        pending = self.pending.get(partition)
+        if pending is None:
+            pending = self.pending[partition] = []
+        held_by, held_offsets = self.held_by, self.held_offsets
+        pop = heapq.heappop
         while True:
-            next_event = pending[0].time_ms if pending and pending[0].time_ms <= limit else None
-            next_due = heap[0].at_ms if heap and heap[0].at_ms <= limit else None
-            if next_event is None and next_due is None:
-                return
+            next_event = pending[0].time_ms if pending else None
+            if next_event is not None and next_event > limit:
+                next_event = None
+            next_due = heap[0].at_ms if heap else None
+            if next_due is not None and next_due > limit:
+                next_due = None
             if next_event is not None and (next_due is None or next_event <= next_due):
-                held = heapq.heappop(pending)
-                self.held_by[(held.env.topic, partition)] -= 1
-                self.held_offsets[(held.env.topic, partition)].discard(held.offset)
+                held = pop(pending)
+                where = (held.env.topic, partition)
+                held_by[where] -= 1
+                held_offsets[where].discard(held.offset)
                 yield held
                 continue
-            assert next_due is not None
-            keys = set()
+            if next_due is None:
+                return
+            key = pop(heap).execution_id
+            if not heap or heap[0].at_ms != next_due:
+                yield Due(next_due, (key,))
+                continue
+            keys = {key}
             while heap and heap[0].at_ms == next_due:
-                keys.add(heapq.heappop(heap).execution_id)
-            yield Due(EPOCH + next_due * ONE_MS, tuple(sorted(keys)))
+                keys.add(pop(heap).execution_id)
+            yield Due(next_due, tuple(sorted(keys)))
 
     # -- stream time ------------------------------------------------------------------------
-    def note_tick(self, topic: str, partition: int, at: datetime) -> None:
+    def note_tick(self, topic: str, partition: int, at_ms: int) -> None:
         newest = self.last_tick.get((topic, partition))
-        if newest is None or at > newest:
-            self.last_tick[(topic, partition)] = at
+        if newest is None or at_ms > newest:
+            self.last_tick[(topic, partition)] = at_ms
 
-    def observe(self, env: Envelope, t: datetime) -> datetime | None:
+    def observe(self, env: Envelope, t_ms: int) -> int | None:
         """Take an input's event time into its partition's clock; returns the new watermark
         when it moved forward (then ``release`` has work), else None."""
-        if env.topic not in self.rank:
+        topic, partition = env.topic, env.partition
+        if topic not in self.rank:
             return None
-        self.trail.setdefault((env.topic, env.partition), deque()).append(Read(env.offset, t))
-        self.clocks_dirty.add(env.partition)
-        clock = (
-            self.clocks.get(env.partition)
-            or self.restore(env.partition)
-            or PartitionClock.start(self.input_names)
-        )
-        moved = clock.observe(env.topic, t)
-        if moved is clock:
+        where = (topic, partition)
+        trail = self.trail.get(where)
+        if trail is None:
+            trail = self.trail[where] = deque()
+        trail.append(Read(env.offset, t_ms))
+        self.clocks_dirty.add(partition)
+        maxima = self.maxima.get(partition)
+        if maxima is None:
+            maxima = self._maxima(partition)
+        newest = maxima.get(topic)
+        if newest is not None and t_ms <= newest:
             return None  # not newer than its topic's maximum: nothing moves
-        before = self.watermark(env.partition)
-        self.clocks[env.partition] = moved
-        after = self.watermark(env.partition)
-        if after is not None and (before is None or after > before):
-            return after
-        return None
-
-    def watermark(self, partition: int) -> datetime | None:
-        """The watermark of the partition's clock (None: no clock, or not every input seen),
-        computed once per clock: it is asked several times per record."""
-        clock = self.clocks.get(partition) or self.restore(partition)
-        if clock is None:
+        maxima[topic] = t_ms
+        before = self.watermarks.get(partition)
+        if before is None:
+            if len(maxima) < len(self.input_names):
+                return None
+        elif newest != before:
+            return None  # another topic holds the minimum: it stays
+        after = min(maxima.values())
+        if after == before:
             return None
-        mark = self.marks.get(partition)
-        if mark is not None and mark.clock is clock:
-            return mark.watermark
-        watermark = clock.watermark
-        self.marks[partition] = Mark(clock, watermark)
-        return watermark
+        self.watermarks[partition] = after
+        return after
+
+    def watermark(self, partition: int) -> int | None:
+        """The partition's watermark, epoch ms (None: no clock, or not every input seen)."""
+        if partition not in self.maxima:
+            self._maxima(partition)
+        return self.watermarks.get(partition)
+
+    def _maxima(self, partition: int) -> dict[str, int]:
+        """The partition's maxima as stored (``restore``), or none yet."""
+        clock = self.restore(partition)
+        maxima = {} if clock is None else {topic: epoch_ms(t) for topic, t in clock.maxima}
+        self.maxima[partition] = maxima
+        if len(maxima) == len(self.input_names):
+            self.watermarks[partition] = min(maxima.values())
+        return maxima
+
+    @property
+    def clocks(self) -> dict[int, PartitionClock]:
+        """Each partition's clock as read so far, as ``PartitionClock``s (metrics, tests)."""
+        inputs = tuple(self.input_names)
+        return {
+            p: PartitionClock(
+                inputs=inputs, maxima=tuple(sorted((k, from_ms(v)) for k, v in m.items()))
+            )
+            for p, m in self.maxima.items()
+        }
 
     def restore(self, partition: int) -> PartitionClock | None:
-        """The partition's clock, read from the table if not in memory yet."""
-        clock = self.clocks.get(partition)
+        """The partition's clock as stored (None: none, or for other input topics), read from
+        the table once."""
+        clock = self.saved.get(partition)
         if clock is None:
             stored = self.store.get(str(partition))
             if stored is not None:
                 clock = PartitionClock.model_validate_json(stored)
                 if set(clock.inputs) != set(self.input_names):
                     return None  # the input topics changed: start afresh
-                self.clocks[partition] = clock
                 self.saved[partition] = clock
         return clock
 
@@ -331,13 +376,13 @@ class Scheduler:
             if not trail:
                 continue
             held = self.held_offsets.get((topic, partition))
-            newest: datetime | None = None
+            newest: int | None = None
             while trail and not (held and trail[0].offset in held):
-                t = trail.popleft().at
+                t = trail.popleft().at_ms
                 if newest is None or t > newest:
                     newest = t
             if newest is not None:
-                clock = clock.observe(topic, newest)
+                clock = clock.observe(topic, from_ms(newest))
         for topic, offset in self.processed.pop(partition, {}).items():
             clock = clock.processed_through(topic, offset)
         return clock
