@@ -29,13 +29,14 @@ from typing import Annotated, Literal, NamedTuple
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
-from streams.contracts.models.base import construct
+from streams.contracts.models.base import constructor
 from streams.contracts.models.enums import AnomalyKind, ExecutionStatus
 from streams.contracts.models.events import ExecutionStatusChanged
 from streams.contracts.models.outputs import ExecutionState
 from streams.core.findings import AnomalyFinding
 
 _sha256 = hashlib.sha256
+_construct_state = constructor(ExecutionState)
 
 S = ExecutionStatus
 
@@ -306,25 +307,26 @@ def _state(slot: InFlight, status: ExecutionStatus) -> ExecutionState:
     # must not drop it), while a redelivery of the same input gives the same id. Equal ids
     # always mean equal records; the id says nothing about order (the topic offset does).
     # Built without re-validation (once per published state): every value comes from a valid
-    # slot, its times whole milliseconds in UTC as validation would give them.
+    # slot, its times whole milliseconds in UTC as validation would give them. ``state_id`` is
+    # written inline here (the same text), and equal times share one ``datetime``.
     (execution_id, _, since, first_seen_at, last_event_at, seq, _, operations, approvals) = slot
     since_t = EPOCH + ONE_MS * since
     last_t = since_t if last_event_at == since else EPOCH + ONE_MS * last_event_at
-    return construct(
-        ExecutionState,
+    first_t = since_t if first_seen_at == since else EPOCH + ONE_MS * first_seen_at
+    digest = _open_digest(operations, approvals)
+    text = f"exec\x1f{execution_id}\x1f{seq}\x1f{digest}\x1f{int(last_event_at / 1000 * 1000)}"
+    return _construct_state(
         {
             "execution_id": execution_id,
             "status": status,
             "since": since_t,
-            "first_seen_at": EPOCH + ONE_MS * first_seen_at,
+            "first_seen_at": first_t,
             "last_event_at": last_t,
             "last_sequence": seq,
             "open_operation_ids": operations,
             "open_approval_ids": approvals,
             "terminal": status in TERMINAL,
-            "state_id": state_id(
-                execution_id, seq, _open_digest(operations, approvals), last_event_at
-            ),
+            "state_id": "exec-" + _sha256(text.encode()).hexdigest()[:24],
             "traceparent": None,  # trace context is the shell's to stamp
         },
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
@@ -56,6 +57,23 @@ def construct(cls: type[M], values: dict[str, Any]) -> M:
     _set_extra(new, None)
     _set_private(new, None)
     return new
+
+
+def constructor(cls: type[M]) -> Callable[[dict[str, Any]], M]:
+    """``construct`` for one class, made once: the instance's fields set (every field, as
+    ``construct`` requires them all) is built once and shared by the instances, which are
+    frozen and never change it."""
+    fields_set = set(cls.model_fields)
+
+    def make(values: dict[str, Any]) -> M:
+        new = _new(cls)
+        _set_dict(new, "__dict__", values)
+        _set_fields_set(new, fields_set)
+        _set_extra(new, None)
+        _set_private(new, None)
+        return new
+
+    return make
 
 
 def replace(model: M, **changes: Any) -> M:
