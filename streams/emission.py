@@ -6,7 +6,7 @@ emissions can both use it without importing each other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from streams.contracts.models.base import Record
 
@@ -17,9 +17,9 @@ def record_time_ms(record: Record) -> int | None:
     return int(value.timestamp() * 1000) if value is not None else None
 
 
-@dataclass(frozen=True, slots=True)
-class Emission:
-    """An output record, the topic it goes to, its Kafka key and headers."""
+class Emission(NamedTuple):
+    """An output record, the topic it goes to, its Kafka key and headers. A named tuple:
+    one is made per output, and it is the cheapest immutable record to build."""
 
     topic: str
     key: str | None

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from streams.contracts.envelope import Envelope
 from streams.contracts.models.base import Record, replace
@@ -115,10 +116,12 @@ class Emitter:
         """An output record, with the trace context of what it is about when it has none."""
         cls = type(record)
         topic = self._topic_of[cls]
-        if record.__dict__.get("traceparent") is None:
-            keys = _trace_keys(record)
+        fields = record.__dict__
+        if fields.get("traceparent") is None:
+            keys_of = _TRACE_KEYS.get(cls)
+            keys = None if keys_of is None else keys_of(record)
             if keys is not None:
-                traceparent = trace.lookup(self.traces(record.__dict__["execution_id"]), *keys)
+                traceparent = trace.lookup(self.traces(fields["execution_id"]), *keys)
                 if traceparent is not None:
                     record = replace(record, traceparent=traceparent)
         if cls is ApprovalVerdict:
@@ -130,7 +133,7 @@ class Emitter:
                 headers = alert_headers(a)
         self.counters.outputs[cls.avro_name] += 1
         key_field = cls.key_field
-        key = None if key_field is None else record.__dict__[key_field]
+        key = None if key_field is None else fields[key_field]
         return Emission(topic, key, record, headers)
 
     def anomaly(self, env: Envelope, record: Record, finding: AnomalyFinding) -> Emission:
@@ -260,28 +263,34 @@ def alert_headers(alert: Alert) -> tuple[tuple[str, str], ...]:
     return headers
 
 
-_OPERATION_OUTPUTS = (OperationState, ReconciliationWorkItem, WorkItemResolution)
-
-
-def _trace_keys(record: Record) -> tuple[str, ...] | None:
-    """Under which keys an output's trace context is kept (``trace.lookup`` falls back to the
-    execution's), or None for outputs that get theirs where they are made (anomalies and
-    the alerts about them, dead letters)."""
-    cls = type(record)
-    if cls is ExecutionState:
-        return ()
-    if cls in _OPERATION_OUTPUTS:
-        return (trace.operation_key(record.operation_id),)  # type: ignore[attr-defined]
-    if cls is ApprovalVerdict:
-        return (trace.request_key(record.request_id), trace.SIGNALS)  # type: ignore[attr-defined]
-    if cls is Alert:
-        kind = record.kind  # type: ignore[attr-defined]
-        subject: str = record.subject_id  # type: ignore[attr-defined]
-        if kind is AlertKind.APPROVAL_VERDICT:
-            return (trace.request_key(subject), trace.SIGNALS)
-        if kind is not AlertKind.ANOMALY:
-            return (trace.operation_key(subject),)
+def _alert_trace_keys(alert: Alert) -> tuple[str, ...] | None:
+    subject = alert.subject_id
+    if alert.kind is AlertKind.APPROVAL_VERDICT:
+        return (trace.request_key(subject), trace.SIGNALS)
+    if alert.kind is not AlertKind.ANOMALY:
+        return (trace.operation_key(subject),)
     return None
+
+
+def _operation_trace_keys(record: Record) -> tuple[str, ...]:
+    return (trace.operation_key(record.operation_id),)  # type: ignore[attr-defined]
+
+
+def _no_trace_keys(record: Record) -> tuple[str, ...]:
+    return ()
+
+
+#: Per output type, under which keys its trace context is kept (``trace.lookup`` falls back
+#: to the execution's; None from the function: none to look up). Types not listed get theirs
+#: where they are made (anomalies, dead letters).
+_TRACE_KEYS: dict[type[Record], Callable[[Any], tuple[str, ...] | None]] = {
+    ExecutionState: _no_trace_keys,
+    OperationState: _operation_trace_keys,
+    ReconciliationWorkItem: _operation_trace_keys,
+    WorkItemResolution: _operation_trace_keys,
+    ApprovalVerdict: lambda r: (trace.request_key(r.request_id), trace.SIGNALS),
+    Alert: _alert_trace_keys,
+}
 
 
 def log_time(env: Envelope) -> datetime:

@@ -123,7 +123,7 @@ class Processor:
         self.scheduler = Scheduler(self.input_names, stores.clocks, self._timers)
         self.emitter = Emitter(
             topics,
-            self._traces,
+            self.state.traces,
             self.partition_of,
             orphan_after=orphan_after,
             max_kept_bytes=max_kept_bytes,
@@ -281,24 +281,34 @@ class Processor:
         return out
 
     def _apply(self, env: Envelope, record: Record, out: list[Emission]) -> None:
+        """One input, unless its effect is stored already (a redelivery)."""
         # Left set if applying raises: the input the failure is about may be an event held
         # earlier and released by the record being handled, which is not its cause.
         self.applying = env
-        self._apply_record(env, record, out)
-        self.applying = None
-
-    def _apply_record(self, env: Envelope, record: Record, out: list[Emission]) -> None:
         execution_id: str = record.execution_id  # type: ignore[attr-defined]
+        state = self.state
         if self.committed is not None:
             position = (self._rank.get(env.topic, 0), env.partition, env.offset)
-            if self.state.applied(execution_id, position):
+            if state.applied(execution_id, position):
                 self.counters.redelivered += 1
                 if not isinstance(record, ev.ExecutionStatusChanged | ev.OperationEvent):
                     # its judgement is due at its own time, as when it was first applied
                     self._schedule(execution_id, epoch_ms(record.occurred_at))  # type: ignore[attr-defined]
+                self.applying = None
                 return
-            self.state.mark_applied(execution_id, position, self._committed_by_rank)
+            state.mark_applied(execution_id, position, self._committed_by_rank)
         self._on_input(env, record, out)
+        self.applying = None
+
+    def _on_input(self, env: Envelope, record: Record, out: list[Emission]) -> None:
+        """The input into its execution's aggregate, the parts it replaced saved, its
+        outputs published."""
+        execution_id: str = record.execution_id  # type: ignore[attr-defined]
+        execution: Execution = self.state.execution(execution_id, self._build)
+        step = execution.apply(record)
+        if execution.changed:
+            self._store(execution)
+        self._publish(execution_id, step, out, env, record)
 
     def _committed_by_rank(self, rank: int, partition: int) -> int | None:
         assert self.committed is not None
@@ -382,24 +392,19 @@ class Processor:
     def _store(self, execution: Execution) -> None:
         """The parts the last call replaced, into the entry (written at the next flush)."""
         changed = execution.changed
-        if changed:
-            self.state.save_parts(
-                execution.execution_id,
-                [(name, getattr(execution, name), _DUMP[name]) for name in changed],
-            )
-            changed.clear()
-
-    def _on_input(self, env: Envelope, record: Record, out: list[Emission]) -> None:
-        execution = self._execution(record.execution_id)  # type: ignore[attr-defined]
-        step = execution.apply(record)
-        self._store(execution)
-        self._publish(execution.execution_id, step, out, env, record)
+        self.state.save_parts(
+            execution.execution_id,
+            [(name, getattr(execution, name), _DUMP[name]) for name in changed],
+        )
+        changed.clear()
 
     def _advance_key(self, execution_id: str, horizon: int, out: list[Emission]) -> None:
-        execution = self._execution(execution_id)
+        execution: Execution = self.state.execution(execution_id, self._build)
         step = execution.advance(horizon)
-        self._store(execution)
-        self._publish(execution_id, step, out)
+        if execution.changed:
+            self._store(execution)
+        if step.outputs or step.due:
+            self._publish(execution_id, step, out)
 
     def _publish(
         self,
@@ -411,26 +416,30 @@ class Processor:
     ) -> None:
         """A step's outputs to the emitter, in order, and its due times to the scheduler.
         An input's trace context is remembered before the outputs it caused are stamped."""
-        emitter = self.emitter
-        for i, item in enumerate(step.outputs):
-            if i == step.traced_from and step.trace_key is not None:
-                self._remember_trace(record, step.trace_key)  # type: ignore[arg-type]
+        emit = self.emitter.emit
+        outputs, trace_key, traced_from = step.outputs, step.trace_key, step.traced_from
+        for i, item in enumerate(outputs):
+            if i == traced_from and trace_key is not None:
+                self._remember_trace(record, trace_key)  # type: ignore[arg-type]
             cls = type(item)
             if cls is Verdict:
-                emitted = emitter.emit(item.record)  # type: ignore[union-attr]
+                emitted = emit(item.record)  # type: ignore[union-attr]
                 out.append(emitted)
                 alerts = verdict_alerts(emitted.record, item.previous_id)  # type: ignore[arg-type, union-attr]
-                out.extend(emitter.emit(a) for a in alerts)
+                out.extend(emit(a) for a in alerts)
             elif cls is Refusal:
-                out.append(emitter.anomaly(env, record, item.finding))  # type: ignore[arg-type, union-attr]
+                out.append(self.emitter.anomaly(env, record, item.finding))  # type: ignore[arg-type, union-attr]
             elif cls is Orphan:
-                out.append(emitter.orphan(execution_id, item.request_id, item.last_fact))  # type: ignore[union-attr]
+                out.append(self.emitter.orphan(execution_id, item.request_id, item.last_fact))  # type: ignore[union-attr]
             else:
-                out.append(emitter.emit(item))  # type: ignore[arg-type]
-        if step.trace_key is not None and step.traced_from >= len(step.outputs):
-            self._remember_trace(record, step.trace_key)  # type: ignore[arg-type]
-        for due in step.due:
-            self._schedule(execution_id, due)
+                out.append(emit(item))  # type: ignore[arg-type]
+        if trace_key is not None and traced_from >= len(outputs):
+            self._remember_trace(record, trace_key)  # type: ignore[arg-type]
+        if step.due:
+            schedule = self.scheduler.schedule
+            partition = self.partition_of(execution_id)
+            for due in step.due:
+                schedule(partition, due, execution_id)
 
     # -- timers and stream time ------------------------------------------------------------
     def _schedule(self, execution_id: str, due: int) -> None:
@@ -478,7 +487,7 @@ class Processor:
 
     # -- trace context --------------------------------------------------------------------
     def _traces(self, execution_id: str) -> dict[str, str] | None:
-        return self.state.load(execution_id, "traces", json.loads)  # type: ignore[no-any-return]
+        return self.state.traces(execution_id)
 
     def _remember_trace(self, record: Record, key: str) -> None:
         """Keep an applied input's trace context as the latest of what it changed, for the

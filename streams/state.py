@@ -237,6 +237,19 @@ class ExecutionStore:
             aggregate = e.objs[AGGREGATE] = build(execution_id)
         return aggregate
 
+    def traces(self, execution_id: str) -> dict[str, str] | None:
+        """The execution's trace contexts (``Entry.traces``) decoded, once per batch: asked
+        for every output."""
+        e = self._cache.get(execution_id)
+        if e is None:
+            e = self.entry(execution_id)
+        objs = e.objs
+        traces = objs.get("traces", _MISSING)
+        if traces is _MISSING:
+            text = e.traces
+            traces = objs["traces"] = None if text is None else json.loads(text)
+        return traces  # type: ignore[no-any-return]
+
     def save(
         self, execution_id: str, name: str, obj: Any, dump: Callable[[Any], str] = str
     ) -> None:
@@ -257,7 +270,10 @@ class ExecutionStore:
         for name, obj, dump in parts:
             objs[name] = obj
             stale[name] = dump
-        self.touch(execution_id)
+        keys = self._dirty.get(self.partition)
+        if keys is None:
+            keys = self._dirty[self.partition] = set()
+        keys.add(execution_id)
 
     # -- applied inputs --------------------------------------------------------------------
     def applied(self, execution_id: str, position: Position) -> bool:
