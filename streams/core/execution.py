@@ -58,9 +58,12 @@ class Rules:
     orphan_after: timedelta = timedelta(hours=1)
     #: ``closed_retention`` in milliseconds
     closed_retention_ms: int = field(init=False)
+    #: ``orphan_after`` in milliseconds
+    orphan_after_ms: int = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "closed_retention_ms", self.closed_retention // ONE_MS)
+        object.__setattr__(self, "orphan_after_ms", self.orphan_after // ONE_MS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,8 +259,8 @@ class Execution:
     def _on_operation(self, event: ev.OperationEvent, step: Step) -> None:
         config = self.rules.operations
         book = self.operations
-        at = to_ms(event.occurred_at)
-        if book is not None:
+        at = (event.occurred_at - ex.EPOCH) // ONE_MS
+        if book is not None and book.due is not None and book.due < at:
             # Deadlines before this event, judged on this topic's own order: a reply stamped
             # after its deadline finds the attempt already UNKNOWN, live and in a replay.
             before = ops.advance(book, at - 1)
@@ -322,20 +325,24 @@ class Execution:
             return None
         rules = self.rules
         book.touched = False
-        done = book.settle(
-            horizon, rules.thresholds_for, rules.orphan_after // ONE_MS, rules.closed_retention_ms
+        verdicts, orphans, change, orphaned = book.settle(
+            horizon, rules.thresholds_for, rules.orphan_after_ms, rules.closed_retention_ms
         )
-        for record, previous_id in done.verdicts:
-            step.outputs.append(Verdict(record, previous_id))
-        for rid, last_fact in done.orphans:
-            step.outputs.append(Orphan(rid, from_ms(last_fact)))
         if book.touched:
             self.changed.add("approvals")
-        if done.change is not None:
-            step.due.append(done.change)
-        if done.orphaned is not None:  # take_orphans needs the horizon strictly past it
-            step.due.append(done.orphaned + 1)
-        return max((to_ms(v.evaluated_at) for v, _ in done.verdicts), default=None)
+        due = step.due
+        if change is not None:
+            due.append(change)
+        if orphaned is not None:  # take_orphans needs the horizon strictly past it
+            due.append(orphaned + 1)
+        if not verdicts and not orphans:
+            return None  # most steps: the book only moved its evaluated_until
+        outputs = step.outputs
+        for record, previous_id in verdicts:
+            outputs.append(Verdict(record, previous_id))
+        for rid, last_fact in orphans:
+            outputs.append(Orphan(rid, from_ms(last_fact)))
+        return max((to_ms(v.evaluated_at) for v, _ in verdicts), default=None)
 
     def next_due(self) -> list[int]:
         """Every instant at which ``advance`` has something to do, as stored (after a restart
