@@ -500,10 +500,21 @@ class Worker:
         instead. False if a rebalance came meanwhile (this batch's state was dropped)."""
         processor, failures, generation = self.processor, self.failures, checkpoint.generation
         emissions, origins = checkpoint.emissions, checkpoint.origins
-        handle = processor.handle
+        handle, guard = processor.handle, self.guard
         limit = self.settings.max_record_failures
         for msg in batch:
-            if msg.tp not in assignment or not await self.admit(msg, generation):
+            if msg.tp not in assignment:
+                continue
+            if guard.knows((msg.topic, msg.partition)):
+                # the common case, decided without an await (a coroutine per record costs)
+                check = self.offset_check(msg)
+                if (
+                    check is not Check.NEXT
+                    and check is not Check.AGAIN
+                    and not await self.admitted(msg, check, generation)
+                ):
+                    continue
+            elif not await self.admit(msg, generation):
                 continue
             if self.generation != generation:
                 return False  # forget_partitions dropped this batch's state: it comes again
@@ -609,14 +620,26 @@ class Worker:
 
     async def admit(self, msg: Any, generation: int) -> bool:
         """The offset guard: whether to process ``msg`` (see ``streams/kafka/offsets.py``)."""
-        guard, settings = self.guard, self.settings
+        guard = self.guard
         tp = (msg.topic, msg.partition)
         self.arrived[tp] = time.monotonic()
         if not guard.knows(tp):
-            start = await asyncio.to_thread(_committed_offsets, settings, [tp])
+            start = await asyncio.to_thread(_committed_offsets, self.settings, [tp])
             if not guard.knows(tp):
                 self.start_guard(tp, start[tp])
-        check = guard.check(tp, msg.offset, retry=time.monotonic() - self.last_seek.get(tp, 0) > 1)
+        return await self.admitted(msg, self.offset_check(msg), generation)
+
+    def offset_check(self, msg: Any) -> Check:
+        """The guard's check of ``msg``, its partition known to the guard."""
+        tp = (msg.topic, msg.partition)
+        now = self.arrived[tp] = time.monotonic()
+        return self.guard.check(tp, msg.offset, retry=now - self.last_seek.get(tp, 0) > 1)
+
+    async def admitted(self, msg: Any, check: Check, generation: int) -> bool:
+        """Whether to process ``msg`` after the guard's ``check``: what a skip, a hole or a
+        record already committed asks for (a seek back, an acknowledgement in order)."""
+        settings, guard = self.settings, self.guard
+        tp = (msg.topic, msg.partition)
         if check in (Check.NEXT, Check.AGAIN):
             return True
         if check is Check.COMMITTED:

@@ -392,10 +392,7 @@ class Processor:
     def _store(self, execution: Execution) -> None:
         """The parts the last call replaced, into the entry (written at the next flush)."""
         changed = execution.changed
-        self.state.save_parts(
-            execution.execution_id,
-            [(name, getattr(execution, name), _DUMP[name]) for name in changed],
-        )
+        self.state.save_parts(execution.execution_id, execution, changed, _DUMP)
         changed.clear()
 
     def _advance_key(self, execution_id: str, horizon: int, out: list[Emission]) -> None:

@@ -28,7 +28,7 @@ read as they are and each part is written in format 2 when it next changes.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -260,16 +260,21 @@ class ExecutionStore:
         self.touch(execution_id)
 
     def save_parts(
-        self, execution_id: str, parts: Iterable[tuple[str, Any, Callable[[Any], str]]]
+        self,
+        execution_id: str,
+        source: Any,
+        names: Iterable[str],
+        dumps: Mapping[str, Callable[[Any], str]],
     ) -> None:
-        """``save`` for several fields of one entry: (name, object, dump) each."""
+        """``save`` for several fields of one entry: each of ``names`` set to that attribute
+        of ``source`` (the aggregate), dumped by ``dumps[name]`` when written."""
         e = self._cache.get(execution_id)
         if e is None:
             e = self.entry(execution_id)
         objs, stale = e.objs, e.stale
-        for name, obj, dump in parts:
-            objs[name] = obj
-            stale[name] = dump
+        for name in names:
+            objs[name] = getattr(source, name)
+            stale[name] = dumps[name]
         keys = self._dirty.get(self.partition)
         if keys is None:
             keys = self._dirty[self.partition] = set()
