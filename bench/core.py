@@ -257,10 +257,16 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"outputs equal: every run published the same records ({digests.pop()[:16]})")
         result["speedup"] = old["median_us_per_record"] / cur["median_us_per_record"]
+        result["cpu_speedup"] = old["median_cpu_us_per_record"] / cur["median_cpu_us_per_record"]
         print(
             f"median: current {cur['median_us_per_record']:.1f} µs/record, "
             f"{result['against_commit']} {old['median_us_per_record']:.1f}: "
             f"{result['speedup']:.3f} times as fast"
+        )
+        print(
+            f"median CPU: current {cur['median_cpu_us_per_record']:.1f} CPU-µs/record, "
+            f"{result['against_commit']} {old['median_cpu_us_per_record']:.1f}: "
+            f"{result['cpu_speedup']:.3f} times as fast (the better guide on a loaded machine)"
         )
     else:
         print(f"median: {result['current']['median_us_per_record']:.1f} µs/record")

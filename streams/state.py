@@ -291,6 +291,10 @@ class ExecutionStore:
         committed: Callable[[int, int], int | None],
     ) -> None:
         e = self.entry(execution_id)
+        if not e.seen:  # the common case: nothing applied since the last commit
+            e.seen = [position]
+            self.touch(execution_id)
+            return
         # ``committed`` (a lookup) is asked again only when the topic partition changes from
         # one position to the next: positions come in runs of the same input.
         seen: list[Position] = []
