@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib
 import json
 import os
 import statistics
@@ -46,17 +45,6 @@ def _layout(new: str, old: str) -> Any:
         return importlib.import_module(old)
     except ModuleNotFoundError:
         return importlib.import_module(new)
-
-
-def _module(path: str, before: str) -> Any:
-    """``streams.<path>`` of the tree being run, or ``streams.<before>`` in a tree from before
-    ``streams/`` had subpackages (an older commit run by ``--against``). Decided by the tree's
-    own layout: the installed package's import hook would otherwise fill a missing subpackage
-    from the working tree, mixing two trees in one run."""
-    import streams
-
-    new = (Path(streams.__file__).parent / path.split(".")[0]).is_dir()
-    return importlib.import_module(f"streams.{path if new else before}")
 
 
 def workload(executions: int) -> list[Any]:
@@ -142,7 +130,6 @@ def run_once(executions: int) -> dict[str, Any]:
 
     Topics = _layout("streams.kafka.topics", "streams.topics").Topics
     envs = workload(executions)
-    Topics = _module("kafka.topics", "topics").Topics
     settings = Settings.from_env()
     processor = Processor.from_settings(
         settings, Topics.from_settings(settings), Stores(), write_behind=True
