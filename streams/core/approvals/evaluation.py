@@ -281,7 +281,8 @@ def _one_per_proof(findings: Iterable[ProofFinding]) -> tuple[ProofFinding, ...]
 
 
 def evaluate(facts: ApprovalFacts, at: datetime, thresholds: ThresholdSet) -> Evaluation:
-    """The verdict at ``at``, by the specification's precedence, counting only facts up to ``at``.
+    """The verdict at ``at``, by precedence (docs/rules.md#precedence), counting only facts up
+    to ``at``.
 
     1. decline → CLOSED_BY_DECLINE, cancel → CLOSED_BY_CANCEL (before expiry is looked at);
     2. accept → STALE_REQUEST if made after expiry or after the digest changed (or for another

@@ -32,7 +32,7 @@ class _NonNegative(_Frozen):
 
 
 class ThresholdSet(_NonNegative):
-    """The three deadlines a verdict depends on, with the specification's defaults."""
+    """The three deadlines a verdict depends on, with their defaults (docs/rules.md#thresholds)."""
 
     grace: timedelta = timedelta(minutes=5)
     heartbeat_fresh: timedelta = timedelta(minutes=10)

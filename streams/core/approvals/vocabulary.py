@@ -19,11 +19,12 @@ V = ApprovalVerdictCode
 #: Sorts before every real time: the position of a fact whose time is unknown.
 _EARLIEST = datetime.min.replace(tzinfo=UTC)
 
-#: Owner and next safe step per verdict. The first six are the specification's table verbatim; the
-#: four the project adds are chosen as follows: CLOSED_BY_CANCEL goes to the requester (it must not
-#: proceed, and only it can ask again); RESUMING and RESUMED belong to the runtime owner, whose run
-#: holds the next step (nobody needs to act); UNCERTAIN goes to the operator, because no party has
-#: failed yet — a proof is pending inside its deadline.
+#: Owner and next safe step per verdict (docs/rules.md#verdicts). The first six are the
+#: specification's table verbatim; the four the project adds are chosen as follows:
+#: CLOSED_BY_CANCEL goes to the requester (it must not proceed, and only it can ask again);
+#: RESUMING and RESUMED belong to the runtime owner, whose run holds the next step (nobody needs
+#: to act); UNCERTAIN goes to the operator, because no party has failed yet — a proof is pending
+#: inside its deadline.
 VERDICT_GUIDANCE: Mapping[ApprovalVerdictCode, tuple[Owner, str]] = {
     V.WAITING: (
         Owner.APPROVER,
