@@ -58,7 +58,7 @@ pytestmark = pytest.mark.kafka
 #: executions in the backlog: one worker alone needs over 20 s to drain it on a 2-core machine.
 #: Two workers drain more while a killed one restarts (6 s or more each time): they get more.
 EXECUTIONS = 5000
-EXECUTIONS_FOR_TWO = 9000
+EXECUTIONS_FOR_TWO = 12000
 KILLS = 10
 #: 6 s is the broker's group.min.session.timeout.ms; the heartbeat has no vigil setting, Faust
 #: reads its own from the environment
@@ -138,10 +138,12 @@ class Progress:
 def kill_points(rng: random.Random, records: int) -> list[tuple[int, float]]:
     """Where to kill: after so many execution-status records are acknowledged (over the first
     60 % of the backlog, sorted; one a restarted worker has already passed is met at once),
-    and a further 0 to 1.5 s, so that the kill falls anywhere in a batch: while it is read or
-    processed, while its outputs or its state are sent, before its acknowledgement."""
+    and a further 0 to 1 s (a batch under a backlog takes about half a second), so that the kill
+    falls anywhere in a batch: while it is read or processed, while its outputs or its state are
+    sent, before its acknowledgement. Ten kills spaced by these delays must all fall before the
+    backlog is drained, which the size of the backlogs above allows for."""
     targets = sorted(int(rng.uniform(0.0, 0.6) * records) for _ in range(KILLS))
-    return [(t, rng.uniform(0.0, 1.5)) for t in targets]
+    return [(t, rng.uniform(0.0, 1.0)) for t in targets]
 
 
 class HeldProbe:
