@@ -94,3 +94,85 @@ def test_gauges_start_empty_and_age() -> None:
     assert g.age() is None and g.counts.entries == 0
     asyncio.run(g.refresh({}))
     assert g.age() is not None and g.age() >= 0 and g.rounds == 1
+
+
+def _reference_counts(raw_entries: list[Any]) -> Any:
+    """The gauges computed the long way: every book fully decoded, approvals as the
+    ``ApprovalBook`` model (``open_request_ids``)."""
+    from collections import Counter
+
+    from streams.core import approvals as ap
+    from streams.core import operations as ops
+    from streams.read.state_gauges import StateCounts
+    from streams.state import Entry
+
+    in_flight = unknown = work = 0
+    oldest: float | None = None
+    by_verdict: Counter[str] = Counter()
+    for raw in raw_entries:
+        e = Entry.decode(raw)
+        in_flight += e.inflight is not None
+        if e.operations:
+            for op in ops.load_book(e.operations).operations.values():
+                for rec in op.attempts.values():
+                    if rec.status == "UNKNOWN":
+                        unknown += 1
+                        since = rec.since / 1000
+                        oldest = since if oldest is None else min(oldest, since)
+                    work += rec.work_item_id is not None
+        if e.approvals:
+            book = ap.ApprovalBook.model_validate_json(e.approvals)
+            for rid in ap.open_request_ids(book):
+                last = book.last_verdicts.get(rid)
+                by_verdict[str(last.verdict) if last else "UNJUDGED"] += 1
+    return StateCounts(
+        in_flight, unknown, work, tuple(sorted(by_verdict.items())), len(raw_entries), oldest
+    )
+
+
+def test_the_quick_count_equals_full_decoding_on_the_benchmark_mix_at_every_stage() -> None:
+    """The count that skips parsing books which cannot add to it gives what decoding every
+    book gives, on the benchmark's mix (UNKNOWN attempts, work items, every verdict) taken
+    at several points of its run."""
+    from bench.core import workload
+
+    proc = Processor(TOPICS, Stores())
+    envs = workload(300)
+    stages = {len(envs) // 4, len(envs) // 2, 3 * len(envs) // 4, len(envs)}
+    seen_unknown = seen_work = seen_verdicts = False
+    for i, e in enumerate(envs, 1):
+        proc.handle(e)
+        if i in stages:
+            proc.flush()
+            raw = list(proc.stores.executions.values())
+            counts = count_state(raw)
+            assert counts == _reference_counts(raw)
+            seen_unknown |= counts.operations_unknown > 0
+            seen_work |= counts.work_items_open > 0
+            seen_verdicts |= len(counts.approvals_open) > 1
+    assert seen_unknown and seen_work and seen_verdicts
+
+
+def test_a_round_is_followed_by_a_pause_that_bounds_its_share(monkeypatch: Any) -> None:
+    """Counting holds the GIL: after a round that took d seconds, refreshes count nothing
+    for d / MAX_SHARE seconds (the last counts stand, their age growing), then count again."""
+    import time
+
+    import streams.read.state_gauges as sg
+
+    calls: list[int] = []
+
+    def slow_count(values: Any) -> Any:
+        calls.append(1)
+        time.sleep(0.02)
+        return sg.StateCounts(in_flight=len(calls))
+
+    monkeypatch.setattr(sg, "count_state", slow_count)
+    g = StateGauges()
+    first = asyncio.run(g.refresh({"a": b"x"}))
+    assert first.in_flight == 1 and g.not_before - g.taken_at >= 0.02 / sg.MAX_SHARE
+    again = asyncio.run(g.refresh({"a": b"x"}))
+    assert again is first and len(calls) == 1 and g.rounds == 1
+    monkeypatch.setattr(time, "monotonic", lambda: g.not_before + 0.001)
+    third = asyncio.run(g.refresh({"a": b"x"}))
+    assert third.in_flight == 2 and g.rounds == 2
