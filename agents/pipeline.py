@@ -7,8 +7,7 @@ them: a table's changelog partition is the partition of the record that changed 
 by a per-event Faust agent (see there why). Per batch it admits each record through the offset
 guard, decodes it (``open_envelope``) and calls ``Processor.handle``; then its ``Checkpoint``
 sends the outputs, each with the timestamp of its event time, never the send time, writes the
-state and the clocks, and acknowledges the inputs, in that order, while the next batch is
-applied (``Worker.run``).
+state and the clocks, and acknowledges the inputs, in that order.
 """
 
 from __future__ import annotations
@@ -133,18 +132,6 @@ class Origin(NamedTuple):
     position: Position
 
 
-class Committing(NamedTuple):
-    """A batch's checkpoint being committed while the next batch is applied."""
-
-    task: asyncio.Future[bool]
-    checkpoint: Checkpoint
-
-
-#: ``Worker.apply`` lets the event loop run every 256 records, so that the previous batch's
-#: commit goes on while the batch is applied (a batch of 5,000 takes about half a second).
-YIELD_EVERY_MASK = 255
-
-
 class Failure(NamedTuple):
     """How many failed batches an input was part of the cause of, and the last error."""
 
@@ -166,25 +153,11 @@ class Checkpoint:
     redelivered) or not (applied again, with the same result). Before steps 1 to 3 the worker
     checks it still owns the batch's partitions (``Worker.still_owner``), and step 4 is
     skipped after a rebalance: a rebalance in between drops the rest.
-
-    Why ``seal`` comes first, apart: the commit's round trips to the broker are waited for
-    while the worker applies the next batch (``Worker.run``), and the next batch changes the
-    processor's state. So what this batch leaves is taken as it stands when the batch is
-    applied, before anything else runs: its entries and clocks written to the tables' pending
-    records (``DirectTable``: sent by steps 2 and 3, visible to reads meanwhile), and the inputs
-    it lets acknowledge. The next batch is sealed only once this commit is over, so the tables'
-    pending records are always this one batch's.
     """
 
-    def __init__(
-        self, worker: Worker, generation: int, counted: Any = None, batch: list[Any] | None = None
-    ) -> None:
+    def __init__(self, worker: Worker, generation: int) -> None:
         self.worker = worker
         self.generation = generation
-        #: the processor's counters before the batch: restored if its checkpoint fails
-        self.counted = counted
-        #: the batch's records (their timestamps give the latency once published)
-        self.batch: list[Any] = batch or []
         #: what the batch's inputs produced, in order
         self.emissions: list[Emission] = []
         #: which input each output came from, in order
@@ -193,56 +166,31 @@ class Checkpoint:
         self.partitions: set[int] = set()
         #: the value of each output as sent (step 1), for the feed
         self.sent: list[bytes] = []
-        #: the records acknowledged in step 4, in offset order per partition (``seal``)
-        self.ready: list[Any] = []
 
     def origin(self, index: int) -> Position:
         """The input the ``index``-th emission came from."""
         i = bisect.bisect_right(self.origins, index, key=lambda o: o.first) - 1
         return self.origins[i].position
 
-    def seal(self) -> None:
-        """What the batch leaves, taken before the next batch is applied: the entries it
-        changed written to the executions table, partition by partition; the records now
-        processed in offset order (``AckOrder``), with the clocks of the batch's partitions
-        saying how far each input is processed written to the clocks table. Both tables keep
-        those writes pending until steps 2 and 3 send them."""
-        worker = self.worker
-        processor, executions, ack_order = worker.processor, worker.executions, worker.ack_order
-        for p in processor.state.dirty_partitions():
-            with executions.writing_to(p):
-                processor.flush(p)
-        for done in processor.drain_done():
-            ack_order.finish(done)
-        self.ready = ready = ack_order.release()
-        for msg in ready:  # in offset order per partition: the last one is the furthest
-            processor.acknowledged(msg.topic, msg.partition, msg.offset + 1)
-        for p in list(processor.dirty_partitions()):
-            if p in self.partitions:
-                with worker.clocks.writing_to(p):
-                    processor.flush_clocks(p)
-
     async def commit(self, consumer: Any) -> bool:
-        """The four steps, in order, after ``seal``; then the outputs go to the feed. False,
-        the rest left undone, when the worker no longer owns the batch."""
-        worker = self.worker
-        still_owner, generation = worker.still_owner, self.generation
+        """The four steps, in order. False, the rest left undone, when the worker no longer
+        owns the batch."""
+        still_owner, generation = self.worker.still_owner, self.generation
         if self.emissions:
             if not await still_owner(generation):
                 return False
             await self.deliver_outputs()
         if not await still_owner(generation):
             return False
-        await worker.executions.send(worker.app.producer)  # 2.
+        await self.store_state()
         if not await still_owner(generation):
             return False
-        await worker.clocks.send(worker.app.producer)  # 3.
-        if worker.generation == generation:
+        ready = await self.store_clocks()
+        if self.worker.generation == generation:
             # (else a rebalance came during the send: its forget() dropped what would be
             # acknowledged, and pausing now could pause a partition this worker lost; the
             # records come again, and the clock, if stored, says they are processed)
-            self.acknowledge(consumer, self.ready)
-        self.published()
+            self.acknowledge(consumer, ready)
         return True
 
     async def deliver_outputs(self) -> None:
@@ -270,28 +218,38 @@ class Checkpoint:
             raise
         worker.approval_index.note(em.record for em in self.emissions)  # ahead of the table
 
+    async def store_state(self) -> None:
+        """2. The execution entries the batch changed, each written to its partition's
+        changelog, delivered."""
+        processor, executions = self.worker.processor, self.worker.executions
+        for p in processor.state.dirty_partitions():
+            with executions.writing_to(p):
+                processor.flush(p)
+        await executions.send(self.worker.app.producer)
+
+    async def store_clocks(self) -> list[Any]:
+        """3. The clocks of the batch's partitions, with how far each input is processed (the
+        records now acknowledged in offset order), delivered. Returns those records."""
+        worker = self.worker
+        processor, ack_order = worker.processor, worker.ack_order
+        for done in processor.drain_done():
+            ack_order.finish(done)
+        ready = ack_order.release()
+        for msg in ready:  # in offset order per partition: the last one is the furthest
+            processor.acknowledged(msg.topic, msg.partition, msg.offset + 1)
+        for p in list(processor.dirty_partitions()):
+            if p in self.partitions:
+                with worker.clocks.writing_to(p):
+                    processor.flush_clocks(p)
+        await worker.clocks.send(worker.app.producer)
+        return ready
+
     def acknowledge(self, consumer: Any, ready: list[Any]) -> None:
         """4. The records acknowledged: Faust may commit their offsets. Then the inputs that
         run ahead are paused (``Worker.hold_back``)."""
         for msg in ready:
             consumer.ack(msg)
         self.worker.hold_back(consumer)
-
-    def published(self) -> None:
-        """The delivered outputs to the feed (``/events`` clients), the batch's latency
-        observed."""
-        worker = self.worker
-        if not self.emissions:
-            return
-        worker.feed.publish(
-            (em.record, em.topic, value)
-            for em, value in zip(self.emissions, self.sent, strict=True)
-        )
-        now = time.time()
-        observe = worker.metrics.latency.observe
-        for msg in self.batch:
-            if msg.timestamp:
-                observe(max(0.0, now - msg.timestamp))
 
 
 class Worker:
@@ -453,112 +411,63 @@ class Worker:
         again. Acknowledgement is manual: a record held until the watermark passes its time is
         not acknowledged, so its offset is not committed, and after a crash or a rebalance
         Kafka delivers it again. A record is acknowledged only once processed, its outputs
-        delivered and the state that reflects it written.
-
-        One batch's checkpoint is committed while the next batch is applied: the commit
-        mostly waits on the broker (three round trips), the apply mostly computes. The next
-        batch is sealed only once that commit is over (``settle``); if it failed, the next
-        batch, applied on state the failure forgets, is forgotten with it, and both are read
-        again."""
-        batches = self.drain.batches().__aiter__()
-        upcoming: asyncio.Future[Any] | None = None
-        committing: Committing | None = None
-        try:
-            while True:
-                if upcoming is None:
-                    upcoming = asyncio.ensure_future(batches.__anext__())
-                if committing is not None and not upcoming.done():
-                    # nothing to apply yet: settle the commit as soon as it is over
-                    await asyncio.wait(
-                        (committing.task, upcoming), return_when=asyncio.FIRST_COMPLETED
-                    )
-                    if not upcoming.done():
-                        await self.settle(committing)
-                        committing = None
-                        continue
-                generation, batch = await upcoming
-                upcoming = None
-                self.pace_fetch(len(batch))
-                counted = self.processor.counters.snapshot()
-                try:
-                    checkpoint = await self.process(generation, batch, counted)
-                    if committing is not None:
-                        settled, committing = await self.settle(committing), None
-                        if not settled:
-                            continue  # the batch's effect was forgotten with the failed one
-                    if checkpoint is not None and self.generation == checkpoint.generation:
-                        checkpoint.seal()
-                        committing = Committing(
-                            asyncio.ensure_future(checkpoint.commit(self.app.consumer)),
-                            checkpoint,
-                        )
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    if committing is not None:
-                        settled, committing = await self.settle(committing), None
-                        if not settled:
-                            continue  # forgotten already, this batch with it
-                    await self.failed(exc, counted, len(batch))
-                del batch  # not kept, decoded, while the next batch is awaited
-        finally:
-            for pending in (upcoming, committing.task if committing else None):
-                if pending is not None and not pending.done():
-                    pending.cancel()
-
-    async def settle(self, committing: Committing) -> bool:
-        """Wait for a batch's commit to be over. False if it failed: then everything not on
-        the broker is forgotten (``failed``), the batches applied since included."""
-        try:
-            await committing.task
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            checkpoint = committing.checkpoint
-            await self.failed(exc, checkpoint.counted, len(checkpoint.batch))
-            return False
-        return True
-
-    async def failed(self, exc: Exception, counted: Any, records: int) -> None:
-        """A failed batch: forgotten, the processor's counters as they were before it."""
+        delivered and the state that reflects it written."""
         settings = self.settings
-        self.forget()
-        self.processor.counters = counted
-        if isinstance(exc, RegistryUnavailable):
-            # Not the records' fault: the registry could not be asked, while decoding
-            # (before anything of the batch is published or acknowledged) or registering an
-            # output schema. Wait (capped exponential backoff; warned, counted, an error if it
-            # lasts), and its records are read again.
-            self.metrics.registry_unavailable.inc()
-            await asyncio.sleep(
-                self.codec.outage.pause(
-                    exc, settings.registry_outage_alert, settings.registry_retry_max
+        async for generation, batch in self.drain.batches():
+            self.pace_fetch(len(batch))
+            counted = self.processor.counters.snapshot()
+            try:
+                await self.process(generation, batch)
+            except asyncio.CancelledError:
+                raise
+            except RegistryUnavailable as exc:
+                # Not the records' fault: the registry could not be asked, while decoding
+                # (before anything of the batch is published or acknowledged) or registering
+                # an output schema. Forget the batch, wait (capped exponential backoff; warned,
+                # counted, an error if it lasts), and its records are read again.
+                self.forget()
+                self.processor.counters = counted
+                self.metrics.registry_unavailable.inc()
+                await asyncio.sleep(
+                    self.codec.outage.pause(
+                        exc, settings.registry_outage_alert, settings.registry_retry_max
+                    )
                 )
-            )
-            return
-        # Never silently: the batch is not acknowledged, so what it did to the state is
-        # forgotten; the watchdog seeks back to the first unacknowledged record.
-        log.error("batch of %s records failed; it will be read again", records, exc_info=exc)
-        self.metrics.batch_failures.inc()
+            except Exception:
+                # Never silently: the batch is not acknowledged, so forget what it did to the
+                # state; the watchdog seeks back to the first unacknowledged record.
+                log.exception("batch of %s records failed; it will be read again", len(batch))
+                self.metrics.batch_failures.inc()
+                self.forget()
+                self.processor.counters = counted
+            del batch  # not kept, decoded, while the next batch is awaited
 
-    async def process(
-        self, generation: int, batch: list[Any], counted: Any = None
-    ) -> Checkpoint | None:
-        """One batch: its guard starts and schemas looked up, its records applied. Returns
-        its checkpoint, to seal and commit (``run``); None if a rebalance dropped it."""
+    async def process(self, generation: int, batch: list[Any]) -> None:
+        """One batch: its guard starts and schemas looked up, its records applied, then its
+        checkpoint committed."""
         if generation != self.generation:
-            return None  # fetched before a rebalance: it comes again to the partition's owner
+            return  # fetched before a rebalance: it comes again to the partition's owner
         consumer = self.app.consumer
         self.committed_now.clear()
         self.committed_now.update(self.guard.confirmed)
         watch_commits(consumer, self.guard.confirm)
         assignment = consumer.assignment()
         if not await self.prepare(generation, batch, assignment):
-            return None
-        checkpoint = Checkpoint(self, generation, counted, batch)
+            return
+        checkpoint = Checkpoint(self, generation)
         if not await self.apply(checkpoint, batch, assignment):
-            return None
-        return checkpoint
+            return
+        if not await checkpoint.commit(consumer):
+            return
+        if checkpoint.emissions:
+            self.feed.publish(
+                (em.record, em.topic, value)
+                for em, value in zip(checkpoint.emissions, checkpoint.sent, strict=True)
+            )
+            now = time.time()
+            for msg in batch:
+                if msg.timestamp:
+                    self.metrics.latency.observe(max(0.0, now - msg.timestamp))
 
     async def prepare(self, generation: int, batch: list[Any], assignment: Any) -> bool:
         """What the batch needs from the broker and the registry, asked in threads, not on the
@@ -593,12 +502,7 @@ class Worker:
         emissions, origins = checkpoint.emissions, checkpoint.origins
         handle, guard = processor.handle, self.guard
         limit = self.settings.max_record_failures
-        for i, msg in enumerate(batch):
-            if not i & YIELD_EVERY_MASK and i:
-                # the previous batch's commit waits on the broker: let it go on
-                await asyncio.sleep(0)
-                if self.generation != generation:
-                    return False
+        for msg in batch:
             if msg.tp not in assignment:
                 continue
             if guard.knows((msg.topic, msg.partition)):
