@@ -39,8 +39,13 @@ from streams.read.feed import Feed
 from streams.read.metrics import Metrics
 from streams.read.web import register_web
 from streams.settings import Settings
+from streams.state import EntryTooLarge
 
 log = logging.getLogger("vigil.pipeline")
+
+#: What a changelog record needs besides its value: its key (an execution id of at most 1,024
+#: characters, JSON) and the record batch's framing.
+ENTRY_RECORD_OVERHEAD = 8192
 
 
 def _table(app: faust.App, name: str, partitions: int, *, packed: bool = False) -> Any:
@@ -143,8 +148,12 @@ class Checkpoint:
     """What one batch leaves to make durable, made durable in the order that makes it safe
     (``commit``):
 
+    0. the state (execution entries) packed into changelog records, each checked against
+       the largest record the changelog takes, before anything leaves: a batch whose state
+       could never be stored publishes nothing, so no output describes a state that is not
+       stored;
     1. the outputs, delivered to the broker;
-    2. then the state that says they were published (execution entries), delivered;
+    2. then the state that says they were published, delivered;
     3. then the partition clocks, with how far each input is processed, delivered;
     4. then the inputs acknowledged, so that Faust may commit their offsets.
 
@@ -176,6 +185,7 @@ class Checkpoint:
         """The four steps, in order. False, the rest left undone, when the worker no longer
         owns the batch."""
         still_owner, generation = self.worker.still_owner, self.generation
+        self.prepare_state()
         if self.emissions:
             if not await still_owner(generation):
                 return False
@@ -218,14 +228,29 @@ class Checkpoint:
             raise
         worker.approval_index.note(em.record for em in self.emissions)  # ahead of the table
 
-    async def store_state(self) -> None:
-        """2. The execution entries the batch changed, each written to its partition's
-        changelog, delivered."""
-        processor, executions = self.worker.processor, self.worker.executions
+    def prepare_state(self) -> None:
+        """0. The execution entries the batch changed, each written to its partition's
+        changelog records (sent in step 2) and to the table's overlay. An entry larger than a
+        changelog record may be raises ``EntryTooLarge``, blamed on the last input it applied:
+        the batch fails before any of it is published, and that input is quarantined once it
+        has failed ``VIGIL_MAX_RECORD_FAILURES`` batches. (The processor keeps entries below
+        ``VIGIL_MAX_ENTRY_BYTES``, far below that limit: this is the last line.)"""
+        worker = self.worker
+        processor, executions = worker.processor, worker.executions
         for p in processor.state.dirty_partitions():
             with executions.writing_to(p):
-                processor.flush(p)
-        await executions.send(self.worker.app.producer)
+                try:
+                    processor.flush(p, worker.entry_limit)
+                except EntryTooLarge as exc:
+                    if exc.last is not None:
+                        rank, partition, offset = exc.last
+                        position = Position(processor.input_names[rank], partition, offset)
+                        worker.failed_on(position, exc)
+                    raise
+
+    async def store_state(self) -> None:
+        """2. The execution entries the batch changed (``prepare_state``), delivered."""
+        await self.worker.executions.send(self.worker.app.producer)
 
     async def store_clocks(self) -> list[Any]:
         """3. The clocks of the batch's partitions, with how far each input is processed (the
@@ -301,6 +326,9 @@ class Worker:
         # microseconds, where aiokafka's send is a coroutine, a future and a callback per
         # record. Idempotent, acks=all, murmur2 on the key as Java clients and Faust partition.
         self.outputs = RecordProducer(settings, codec, acks="all")
+        #: the largest packed entry a changelog record can carry: what Faust's producer
+        #: sends in one request, less room for the record's key and framing
+        self.entry_limit = int(app.conf.producer_max_request_size) - ENTRY_RECORD_OVERHEAD
         #: input topic partitions this worker paused because they ran ahead (``hold_back``)
         self.paused: set[Any] = set()
         self.pace = FetchPace(

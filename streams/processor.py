@@ -36,7 +36,7 @@ from streams.core import executions as ex
 from streams.core import operations as ops
 from streams.core import trace
 from streams.core.alerts import anomaly_alert, verdict_alerts
-from streams.core.bounds import out_of_domain
+from streams.core.bounds import out_of_domain, text_bounds
 from streams.core.clock import PartitionClock
 from streams.core.execution import UNLOADED, Execution, Orphan, Refusal, Rules, Step, Verdict
 from streams.core.findings import AnomalyFinding
@@ -55,11 +55,37 @@ from streams.kafka.partitioning import partition_of
 from streams.kafka.topics import Topics
 from streams.scheduler import EPOCH, ONE_MS, Due, DueTime, Scheduler, Timers, epoch_ms, from_ms
 from streams.settings import Settings
-from streams.state import ExecutionStore
+from streams.state import ExecutionStore, Position
 
 __all__ = ["MAX_TEXT", "Counters", "Emission", "Processor", "Stores", "alert_headers", "bounded"]
 
 Store = MutableMapping[str, Any]
+
+
+#: The default of ``max_entry_bytes`` (``VIGIL_MAX_ENTRY_BYTES``): half of what Faust's
+#: producer sends in one request (1,000,000 bytes) and the broker's default largest record
+#: (1,048,588), so that what deadlines add to an entry after its last input, and the input
+#: positions the live worker keeps in it, still fit.
+DEFAULT_MAX_ENTRY_BYTES = 512 * 1024
+#: What one input may add to its entry's packed size at most, per character of its text
+#: fields, and besides. An over-estimate by far: a character is stored in at most a couple
+#: of places (an idempotency key in its attempt and in the key index), JSON-escaped in at
+#: most six bytes, and compressed.
+GROWTH_PER_CHARACTER = 16
+GROWTH_PER_INPUT = 2048
+#: What a deadline (an advance of an execution to a time) may add to its entry at most.
+ADVANCE_GROWTH = 2048
+
+
+def input_growth(record: Record) -> int:
+    """An over-estimate of what applying ``record`` adds to its entry's packed size."""
+    fields = record.__dict__
+    chars = 0
+    for name, _ in text_bounds(type(record)):
+        text = fields[name]
+        if text is not None:
+            chars += len(text)
+    return GROWTH_PER_INPUT + GROWTH_PER_CHARACTER * chars
 
 
 @dataclass
@@ -90,6 +116,7 @@ class Processor:
         closed_retention: timedelta = timedelta(hours=24),
         orphan_after: timedelta = timedelta(hours=1),
         max_kept_bytes: int = 512 * 1024,
+        max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
         write_behind: bool = False,
         committed: Callable[[str, int], int | None] | None = None,
     ) -> None:
@@ -97,7 +124,8 @@ class Processor:
         flushes once a batch's outputs are delivered); otherwise every ``handle`` flushes.
         ``committed`` (topic, partition -> committed offset), given by the live worker, turns
         on redelivery detection: the input positions each execution applied are kept in its
-        entry until the committed offset passes them."""
+        entry until the committed offset passes them. ``max_entry_bytes``: the largest an
+        execution's packed entry may grow to by an input (``_apply``)."""
         self.topics = topics
         self.stores = stores
         self.state = ExecutionStore(stores.executions)
@@ -115,6 +143,7 @@ class Processor:
         self.thresholds_for = ap.threshold_resolver(policies, thresholds)
         self.closed_retention = closed_retention
         self.orphan_after = orphan_after
+        self.max_entry_bytes = max_entry_bytes
         self.rules = Rules(
             self.operation_config, self.thresholds_for, closed_retention, orphan_after
         )
@@ -150,6 +179,7 @@ class Processor:
             policies=policies.approval_policies,
             closed_retention=settings.closed_retention,
             orphan_after=settings.orphan_after,
+            max_entry_bytes=settings.max_entry_bytes,
         )
 
     @property
@@ -169,10 +199,12 @@ class Processor:
         self.scheduler.forget()
         self.state.discard()
 
-    def flush(self, partition: int | None = None) -> int:
+    def flush(self, partition: int | None = None, limit: int | None = None) -> int:
         """Write the state changes (of one partition, or all) to the tables. The live worker
-        calls it only once the outputs of the inputs behind them are delivered."""
-        return self.state.flush(partition)
+        writes them to its tables' overlays before it publishes the outputs, and sends them
+        once the outputs are delivered (``agents/pipeline.py``). ``limit``: the largest
+        packed entry the table can store (``ExecutionStore.flush``)."""
+        return self.state.flush(partition, limit)
 
     def flush_clocks(self, partition: int | None = None) -> None:
         """Write the partition clocks that moved (``Scheduler.flush_clocks``), after ``flush``'s
@@ -281,12 +313,14 @@ class Processor:
         return out
 
     def _apply(self, env: Envelope, record: Record, out: list[Emission]) -> None:
-        """One input, unless its effect is stored already (a redelivery)."""
+        """One input, unless its effect is stored already (a redelivery), and unless it
+        would make its execution's entry larger than ``max_entry_bytes`` (``_apply_measured``)."""
         # Left set if applying raises: the input the failure is about may be an event held
         # earlier and released by the record being handled, which is not its cause.
         self.applying = env
         execution_id: str = record.execution_id  # type: ignore[attr-defined]
         state = self.state
+        position: Position | None = None
         if self.committed is not None:
             position = (self._rank.get(env.topic, 0), env.partition, env.offset)
             if state.applied(execution_id, position):
@@ -296,9 +330,54 @@ class Processor:
                     self._schedule(execution_id, epoch_ms(record.occurred_at))  # type: ignore[attr-defined]
                 self.applying = None
                 return
+        most = input_growth(record)
+        if state.size_bound(execution_id) + most < self.max_entry_bytes:
+            state.grow(execution_id, most)
+            if position is not None:
+                state.mark_applied(execution_id, position, self._committed_by_rank)
+            self._on_input(env, record, out)
+        else:
+            self._apply_measured(env, record, out, execution_id, position)
+        self.applying = None
+
+    def _apply_measured(
+        self,
+        env: Envelope,
+        record: Record,
+        out: list[Emission],
+        execution_id: str,
+        position: Position | None,
+    ) -> None:
+        """An input that might take its execution's entry past ``max_entry_bytes``: applied,
+        then the entry measured exactly; if it is past the bound, the input is undone (the
+        entry back as it was, its outputs and their counts dropped) and quarantined instead,
+        a dead letter and a CRITICAL alert, and its partition moves on.
+
+        Why: an entry is one changelog record, and a record larger than the changelog takes
+        can never be written. Its batch would fail for ever, the outputs published before
+        each failure would describe a state that is never stored, and every later input of
+        the partition would wait behind it. The decision depends on the entry's content
+        alone (``Entry.content_size``), so the live worker and a replay set aside the same
+        inputs; ``input_growth`` over-estimates what an input adds, so an entry is measured
+        before any input that could take it past the bound."""
+        state = self.state
+        before = state.snapshot(execution_id)
+        mark, counted = len(out), self.counters.snapshot()
+        if position is not None:
             state.mark_applied(execution_id, position, self._committed_by_rank)
         self._on_input(env, record, out)
-        self.applying = None
+        size = state.measure(execution_id)
+        if size <= self.max_entry_bytes:
+            return
+        del out[mark:]
+        self.counters = counted
+        state.restore(execution_id, before, size)
+        reason = (
+            f"applied, it would make the entry of execution {bounded(execution_id, 200)!r} "
+            f"{size:,} bytes packed, above the bound of {self.max_entry_bytes:,} "
+            "(VIGIL_MAX_ENTRY_BYTES): an entry that large cannot be stored"
+        )
+        out.extend(self.emitter.quarantine(env, reason))
 
     def _on_input(self, env: Envelope, record: Record, out: list[Emission]) -> None:
         """The input into its execution's aggregate, the parts it replaced saved, its
@@ -397,6 +476,7 @@ class Processor:
 
     def _advance_key(self, execution_id: str, horizon: int, out: list[Emission]) -> None:
         execution: Execution = self.state.execution(execution_id, self._build)
+        self.state.grow(execution_id, ADVANCE_GROWTH)
         step = execution.advance(horizon)
         if execution.changed:
             self._store(execution)

@@ -142,6 +142,10 @@ Duration = Annotated[timedelta, BeforeValidator(_to_duration)]
 PositiveDuration = Annotated[timedelta, BeforeValidator(_to_duration), AfterValidator(_positive)]
 ExistingFile = Annotated[str | None, AfterValidator(_existing_file)]
 Count = Annotated[int, Field(ge=1)]
+#: The bounds of ``VIGIL_MAX_ENTRY_BYTES``: an entry of an execution with a few facts must fit;
+#: the upper one leaves room below Faust's producer request size (1,000,000 bytes).
+MIN_ENTRY_BYTES = 4096
+MAX_ENTRY_BYTES = 900_000
 Port = Annotated[int, Field(ge=0, le=65535)]
 
 
@@ -191,6 +195,9 @@ class _Environment(BaseSettings):
     registry_retry_max: PositiveDuration = _var("VIGIL_REGISTRY_RETRY_MAX", "30s")
     registry_outage_alert: Duration = _var("VIGIL_REGISTRY_OUTAGE_ALERT", "1m")
     max_record_failures: Count = _var("VIGIL_MAX_RECORD_FAILURES", 3)
+    max_entry_bytes: Annotated[int, Field(ge=MIN_ENTRY_BYTES, le=MAX_ENTRY_BYTES)] = _var(
+        "VIGIL_MAX_ENTRY_BYTES", 512 * 1024
+    )
     session_timeout: PositiveDuration = _var("VIGIL_SESSION_TIMEOUT", "30s")
     state_gauges_interval: PositiveDuration = _var("VIGIL_STATE_GAUGES_INTERVAL", "10s")
     security_protocol: Annotated[
@@ -352,6 +359,13 @@ class Settings:
     #: the core while it is applied, an output of it the broker refuses) before the worker
     #: sets it aside as a dead letter with a CRITICAL alert and its partition moves on.
     max_record_failures: int = 3
+    #: VIGIL_MAX_ENTRY_BYTES — the largest an execution's packed table entry may grow to by
+    #: an input: an input that would take it further is quarantined (a dead letter and a
+    #: CRITICAL alert), since an entry is one changelog record and Kafka refuses a record
+    #: larger than its maximum message size for ever. At most 900,000: Faust's producer
+    #: sends at most 1,000,000 bytes a request, and what deadlines add after the last input,
+    #: and the input positions the live worker keeps, need room above the bound.
+    max_entry_bytes: int = 512 * 1024
     #: VIGIL_SESSION_TIMEOUT — the consumer group session: a worker silent for longer loses its
     #: partitions, and a worker stopped for longer writes nothing until a heartbeat proves it
     #: a member again (``agents/lease.py``).

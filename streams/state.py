@@ -91,6 +91,16 @@ class Entry:
         """What the table stores: the text, compressed."""
         return compact.pack(self.encode())
 
+    def content_size(self) -> int:
+        """The packed size of the entry without its applied input positions: what its
+        execution's facts weigh, the same in the live worker (which keeps positions) and in
+        a replay (which does not), so that both judge an entry's size alike."""
+        self.materialize()
+        parts = [self.inflight, self.closed, self.operations, self.approvals, ""]
+        if self.traces:
+            parts.append(self.traces)
+        return len(compact.pack(SEP.join(x or "" for x in parts)))
+
     @classmethod
     def decode(cls, raw: bytes | str) -> Entry:
         """From what ``pack`` or ``encode`` gave (a store may hand either back as bytes)."""
@@ -113,6 +123,19 @@ class Entry:
         return cls(parts[0], parts[1], parts[2], parts[3], seen, traces)
 
 
+class EntryTooLarge(ValueError):
+    """An entry larger than its table can store: ``last`` holds the position of the last
+    input it applied, when it keeps positions (the live worker), to blame it on."""
+
+    def __init__(self, key: str, size: int, limit: int, last: list[Position]) -> None:
+        super().__init__(
+            f"the entry of execution {key[:200]!r} is {size:,} bytes packed, above the "
+            f"{limit:,} its changelog takes"
+        )
+        self.key, self.size, self.limit = key, size, limit
+        self.last: Position | None = last[0] if last else None
+
+
 class ExecutionStore:
     """A write-behind cache over the table of execution entries.
 
@@ -132,6 +155,9 @@ class ExecutionStore:
         self._dirty: dict[int, set[str]] = {}
         #: the partition whose input is being processed (set by the processor)
         self.partition = 0
+        #: per cached entry, a bound on its packed size: its size as read (or as last
+        #: measured) plus what the changes since may have added (``grow``)
+        self._sizes: dict[str, int] = {}
 
     # -- entries ---------------------------------------------------------------------------
     def entry(self, execution_id: str) -> Entry:
@@ -147,7 +173,37 @@ class ExecutionStore:
             else:
                 cached = Entry() if raw is None else Entry.decode(raw)
             self._cache[execution_id] = cached
+            self._sizes[execution_id] = 0 if raw is None else len(raw)
         return cached
+
+    # -- size (what the processor keeps an entry within) -----------------------------------
+    def size_bound(self, execution_id: str) -> int:
+        """At least the entry's packed size, as far as ``grow`` was told of its changes."""
+        self.entry(execution_id)
+        return self._sizes[execution_id]
+
+    def grow(self, execution_id: str, most: int) -> None:
+        """A change that adds at most ``most`` bytes to the entry's packed size."""
+        self.entry(execution_id)
+        self._sizes[execution_id] += most
+
+    def measure(self, execution_id: str) -> int:
+        """The entry's packed size, exactly (``Entry.content_size``), remembered as its bound."""
+        size = self.entry(execution_id).content_size()
+        self._sizes[execution_id] = size
+        return size
+
+    def snapshot(self, execution_id: str) -> str:
+        """The entry as it is now, to go back to (``restore``)."""
+        return self.entry(execution_id).encode()
+
+    def restore(self, execution_id: str, text: str, size: int) -> None:
+        """The entry back to a ``snapshot``, with a bound on its size; the aggregate and
+        parts decoded since are dropped with it (built again from the text when asked)."""
+        self._kept.pop(execution_id, None)
+        self._cache[execution_id] = Entry.decode(text)
+        self._sizes[execution_id] = size
+        self.touch(execution_id)
 
     def touch(self, execution_id: str) -> None:
         keys = self._dirty.get(self.partition)
@@ -158,9 +214,12 @@ class ExecutionStore:
     def dirty_partitions(self) -> list[int]:
         return sorted(p for p, keys in self._dirty.items() if keys)
 
-    def flush(self, partition: int | None = None) -> int:
+    def flush(self, partition: int | None = None, limit: int | None = None) -> int:
         """Write the dirty entries (of one partition, or all) to the table; an empty entry is
-        deleted. The cache is emptied once nothing is dirty any more. Returns how many."""
+        deleted. The cache is emptied once nothing is dirty any more. Returns how many.
+
+        ``limit``: the largest packed entry the table can store (its changelog's record
+        size); a larger one raises ``EntryTooLarge`` before it is written."""
         n = 0
         try:
             for p in [partition] if partition is not None else self.dirty_partitions():
@@ -172,6 +231,8 @@ class ExecutionStore:
                             del self.table[key]
                     else:
                         packed = e.pack()
+                        if limit is not None and len(packed) > limit:
+                            raise EntryTooLarge(key, len(packed), limit, e.seen[-1:])
                         self.table[key] = packed
                         self._keep(key, packed, e)
                     n += 1
@@ -181,6 +242,7 @@ class ExecutionStore:
         if not any(self._dirty.values()):
             self._dirty.clear()
             self._cache.clear()
+            self._sizes.clear()
         return n
 
     def _keep(self, key: str, packed: bytes, e: Entry) -> None:
@@ -193,6 +255,7 @@ class ExecutionStore:
         self._dirty.clear()
         self._cache.clear()
         self._kept.clear()
+        self._sizes.clear()
 
     def pending(self) -> int:
         return sum(len(keys) for keys in self._dirty.values())

@@ -22,6 +22,19 @@ that falls outside these bounds is reported as an anomaly and not applied:
   held on purpose, so a year is beyond any sane threshold, and 365 days added to a time below
   ``LATEST`` stays computable. Published thresholds are milliseconds in Avro longs: a year is
   about 3.2e10 of them.
+- every text field has a length bound (``TEXT_BOUNDS``): 1,024 characters for ids, names,
+  references and digests (``MAX_ID_CHARS``), 8,192 for the free text of a status's ``reason``
+  and an operation event's ``detail`` (``MAX_TEXT_CHARS``). What an input carries is kept in
+  its execution's table entry (ids, idempotency keys, digests, references), and an entry is
+  one changelog record, which Kafka refuses beyond its maximum message size: unbounded, ten
+  operations with idempotency keys of 150,000 characters made an entry of 2.3 MB that could
+  never be written, and its partition stalled. Ids in practice are tens of characters (a
+  UUID is 36, a SHA-256 digest in hex 64; Stripe's idempotency keys stop at 255), so 1,024
+  leaves room for any real one; the free text is for people and 8 KiB is several paragraphs.
+  A longer field is a VALUE_TOO_LARGE anomaly naming the field and its length. The bound is
+  per field; what many inputs add up to in one entry is bounded by the shell
+  (``VIGIL_MAX_ENTRY_BYTES``, ``streams.processor``). ``traceparent`` is exempt: it is
+  checked for its exact layout and dropped when malformed (``streams.core.trace``).
 - other numbers need no bound: ``sequence`` (a long) and ``attempt`` (an int, at least 1) are
   only compared, never added to a time nor narrowed; a tick's ``partition`` is informative (the
   shell uses the record's Kafka partition).
@@ -69,6 +82,40 @@ SECONDS_FIELDS: dict[type[Record], tuple[str, ...]] = {
     ev.ApprovalRequested: ("grace_seconds", "heartbeat_fresh_seconds", "delivery_deadline_seconds"),
 }
 
+#: The longest id, name, reference or digest an input may carry, in characters (inclusive).
+MAX_ID_CHARS = 1024
+#: The longest free text (a status's reason, an operation event's detail), in characters.
+MAX_TEXT_CHARS = 8192
+#: The text fields that are free text; every other text field is bounded as an id.
+FREE_TEXT = frozenset({"reason", "detail"})
+#: Text fields that are not bounded here (their layout is checked where they are used).
+UNBOUNDED_TEXT = frozenset({"traceparent"})
+
+
+def _text_bounds(cls: type[Record]) -> tuple[tuple[str, int], ...]:
+    """Every text field of ``cls`` (``str`` or ``str | None``) with its bound."""
+    out = []
+    for name, info in cls.model_fields.items():
+        if name in UNBOUNDED_TEXT or info.annotation not in (str, str | None):
+            continue
+        out.append((name, MAX_TEXT_CHARS if name in FREE_TEXT else MAX_ID_CHARS))
+    return tuple(out)
+
+
+#: The text fields of every input record type, each with its bound in characters.
+TEXT_BOUNDS: dict[type[Record], tuple[tuple[str, int], ...]] = {
+    cls: _text_bounds(cls) for cls in TIME_FIELDS
+}
+
+
+def text_bounds(cls: type[Record]) -> tuple[tuple[str, int], ...]:
+    """``TEXT_BOUNDS`` of ``cls``, found for a type the table does not list yet."""
+    texts = TEXT_BOUNDS.get(cls)
+    if texts is None:
+        texts = TEXT_BOUNDS[cls] = _text_bounds(cls)
+    return texts
+
+
 #: The other numeric fields of the inputs, which need no bound (see the module docstring).
 UNBOUNDED_NUMBERS: dict[type[Record], tuple[str, ...]] = {
     ev.ExecutionStatusChanged: ("sequence",),
@@ -100,10 +147,19 @@ def duration_problem(value: timedelta, *, positive: bool = False) -> str | None:
 
 
 def out_of_domain(record: Record) -> AnomalyFinding | None:
-    """An anomaly if one of ``record``'s times or durations lies outside the bounds above,
-    else None. Any input record type, ticks included; the first offending field is named."""
+    """An anomaly if one of ``record``'s texts, times or durations lies outside the bounds
+    above, else None. Any input record type, ticks included; the first offending field is
+    named."""
     fields = record.__dict__
     cls = type(record)
+    for name, bound in text_bounds(cls):
+        text = fields[name]
+        if text is not None and len(text) > bound:
+            return AnomalyFinding(
+                AnomalyKind.VALUE_TOO_LARGE,
+                f"{cls.avro_name}.{name} has {len(text):,} characters, above the bound of "
+                f"{bound:,}; not applied",
+            )
     names = TIME_FIELDS.get(cls)
     if names is None:  # a type this table does not list yet: every time it holds
         names = tuple(n for n, v in fields.items() if isinstance(v, datetime))

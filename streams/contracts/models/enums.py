@@ -216,4 +216,10 @@ class AnomalyKind(StrEnum):
     ORPHAN_FACT = "ORPHAN_FACT"
     UNEXPECTED_EVENT = "UNEXPECTED_EVENT"
     VALUE_OUT_OF_RANGE = "VALUE_OUT_OF_RANGE"
+    #: a text field longer than its bound (``streams.core.bounds.TEXT_BOUNDS``)
+    VALUE_TOO_LARGE = "VALUE_TOO_LARGE"
+    #: an approval request re-issued under its id with other content (docs/rules.md)
+    CONFLICTING_REQUEST = "CONFLICTING_REQUEST"
+    #: a second decision for a request that contradicts the first (docs/rules.md)
+    CONFLICTING_DECISION = "CONFLICTING_DECISION"
     UNRECOGNIZED = "UNRECOGNIZED"
