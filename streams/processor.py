@@ -73,8 +73,12 @@ DEFAULT_MAX_ENTRY_BYTES = 512 * 1024
 #: most six bytes, and compressed.
 GROWTH_PER_CHARACTER = 16
 GROWTH_PER_INPUT = 2048
-#: What a deadline (an advance of an execution to a time) may add to its entry at most.
+#: What a deadline (an advance of an execution to a time) may add to its entry at most:
+#: this, and as much again per output it gives (each output is one change a deadline made:
+#: an attempt UNKNOWN with its work item, a verdict), so that an advance that times out
+#: hundreds of operations at once is counted as such.
 ADVANCE_GROWTH = 2048
+OUTPUT_GROWTH = 1024
 
 
 def input_growth(record: Record) -> int:
@@ -476,8 +480,8 @@ class Processor:
 
     def _advance_key(self, execution_id: str, horizon: int, out: list[Emission]) -> None:
         execution: Execution = self.state.execution(execution_id, self._build)
-        self.state.grow(execution_id, ADVANCE_GROWTH)
         step = execution.advance(horizon)
+        self.state.grow(execution_id, ADVANCE_GROWTH + OUTPUT_GROWTH * len(step.outputs))
         if execution.changed:
             self._store(execution)
         if step.outputs or step.due:
