@@ -290,6 +290,9 @@ class Execution:
         book = self.approvals
         if book is None:
             book = self.approvals = ap.Ledger(self.execution_id)
+        conflict = book.conflict(event)
+        if conflict is not None:
+            step.outputs.append(Refusal(conflict))
         book.add(event)
         self.changed.add("approvals")
         step.trace_key = trace.key_of_input(event)

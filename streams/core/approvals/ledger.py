@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 from streams.contracts.models.base import construct
 from streams.contracts.models.enums import (
+    AnomalyKind,
     ApprovalVerdictCode,
     DecisionCode,
     DeliveryOutcome,
@@ -88,6 +89,7 @@ from streams.core.approvals.vocabulary import (
     VERDICT_GUIDANCE,
     V,
 )
+from streams.core.findings import AnomalyFinding
 from streams.core.ids import deterministic_id
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -349,35 +351,83 @@ class Ledger:
 
     @staticmethod
     def _set_request(r: Req, event: ApprovalRequested) -> bool:
-        def seconds(value: int | None) -> int | None:
-            return None if value is None else value * 1000
-
-        request = Request(
-            event.action,
-            event.action_digest,
-            to_ms(event.occurred_at),
-            None if event.expires_at is None else to_ms(event.expires_at),
-            event.approver_ref,
-            event.resume_handle,
-            event.risk,
-            event.policy,
-            (
-                seconds(event.grace_seconds),
-                seconds(event.heartbeat_fresh_seconds),
-                seconds(event.delivery_deadline_seconds),
-            ),
-        )
+        request = _request_of_event(event)
         old = r.request
         if old is not None and old != request:
-            # Two request events under one id: the earliest, then the smaller by content,
-            # is kept (the stored form's rule, so the outcome does not depend on order).
-            kept = _merge_request(_request_part(old), _request_part(request))
-            request = old if kept == _request_part(old) else request
+            request = _standing_request(old, request)
         if old == request:
             return False
         r.request = request
         r.thresholds = None
         return True
+
+    # -- conflicts -----------------------------------------------------------------------
+    def conflict(self, event: ApprovalEvent) -> AnomalyFinding | None:
+        """What ``event`` contradicts among the facts already held, if anything, to report
+        before it is added (docs/rules.md, "Conflicting facts"). The fact is still added, by
+        the book's own rules, which do not depend on the order facts arrive in: the earliest
+        request under an id stands; the first decision by time counts (on a tie the more
+        cautious), a later contradicting one is kept as evidence (CONTRADICTING_DECISION).
+
+        - An ``ApprovalRequested`` under an id whose request is held with other content (a
+          new action digest, another action, expiry, approver, thresholds...) is
+          CONFLICTING_REQUEST: a request id names one question put to a person, and an
+          answer to one action must never be read as an answer to another.
+        - An ``ApprovalDecision`` whose answer (code or action digest) differs from one
+          already held for the request is CONFLICTING_DECISION: an approver cannot take an
+          answer back once the run may have acted on it.
+
+        A redelivery or a repeated identical fact is no conflict."""
+        cls = type(event)
+        if cls is not ApprovalRequested and cls is not ApprovalDecision:
+            return None
+        rid = event.request_id  # type: ignore[union-attr]
+        r = self.requests.get(rid)
+        if r is None:
+            return None
+        if cls is ApprovalRequested:
+            old = r.request
+            if old is None:
+                return None
+            new = _request_of_event(event)  # type: ignore[arg-type]
+            changes = _request_differences(old, new)
+            if all(name == "occurred_at" for name, _, _ in changes):
+                return None  # the same request sent again: the earliest counts, as a repeat
+            differs = ", ".join(f"{name} {_quoted(a)} → {_quoted(b)}" for name, a, b in changes)
+            kept = _standing_request(old, new)
+            stands = (
+                "the request read before stands (the earliest under an id); this one is not "
+                "applied, and decisions and receipts are judged against the one that stands "
+                "(an accept of another digest is stale)"
+                if kept is old
+                else "this one stands, being the earliest under the id, and replaces the one "
+                "read before"
+            )
+            return AnomalyFinding(
+                AnomalyKind.CONFLICTING_REQUEST,
+                f"approval request {_quoted(rid)} issued again with other content ({differs}): "
+                f"{stands}; a changed action needs a new request id",
+            )
+        decision = event.decision  # type: ignore[union-attr]
+        digest = event.action_digest  # type: ignore[union-attr]
+        at = to_ms(event.occurred_at)
+        fact = _decision(at, decision, digest)
+        held = [d for d in r.decisions if (d[2], d[3]) != (decision, digest)]
+        if not held or fact in r.decisions:  # agrees with all, or is held already
+            return None
+        first = min([*r.decisions, fact], key=lambda d: (d[0], _CAUTION[d[2]]))
+        other = min(held, key=lambda d: (d[0], _CAUTION[d[2]]))
+        answer = _answer(decision, digest)
+        if first[0] == at and (first[2], first[3]) == (decision, digest):
+            stands = f"this {answer} is the first by time and counts"
+        else:
+            stands = f"the first, {_answer(first[2], first[3])} at {_when(first[0])}, counts"
+        return AnomalyFinding(
+            AnomalyKind.CONFLICTING_DECISION,
+            f"decision {answer} at {_when(at)} for approval request {_quoted(rid)} contradicts "
+            f"{_answer(other[2], other[3])} at {_when(other[0])}: {stands}; the other is kept "
+            "as evidence (CONTRADICTING_DECISION) and changes nothing",
+        )
 
     # -- judging -------------------------------------------------------------------------
     def settle(
@@ -761,6 +811,78 @@ class Ledger:
         """The stored entry's JSON: exactly what ``to_book().model_dump_json()`` gives,
         written straight from the records."""
         return _encode(self)
+
+
+def _request_of_event(event: ApprovalRequested) -> Request:
+    """What an ``ApprovalRequested`` says, as the ledger keeps it."""
+
+    def seconds(value: int | None) -> int | None:
+        return None if value is None else value * 1000
+
+    return Request(
+        event.action,
+        event.action_digest,
+        to_ms(event.occurred_at),
+        None if event.expires_at is None else to_ms(event.expires_at),
+        event.approver_ref,
+        event.resume_handle,
+        event.risk,
+        event.policy,
+        (
+            seconds(event.grace_seconds),
+            seconds(event.heartbeat_fresh_seconds),
+            seconds(event.delivery_deadline_seconds),
+        ),
+    )
+
+
+def _standing_request(old: Request, new: Request) -> Request:
+    """Of two request events under one id, the one kept: the earliest, then the smaller by
+    content (the stored form's rule, so the outcome does not depend on order)."""
+    kept = _merge_request(_request_part(old), _request_part(new))
+    return old if kept == _request_part(old) else new
+
+
+#: The fields of a request an anomaly names when two differ, in the contract's words.
+_REQUEST_FIELDS = (
+    ("action", "action"),
+    ("action_digest", "action_digest"),
+    ("requested_at", "occurred_at"),
+    ("expires_at", "expires_at"),
+    ("approver_ref", "approver_ref"),
+    ("resume_handle", "resume_handle"),
+    ("risk", "risk"),
+    ("policy", "policy"),
+    ("overrides", "thresholds"),
+)
+
+
+def _request_differences(old: Request, new: Request) -> list[tuple[str, Any, Any]]:
+    out = []
+    for attr, name in _REQUEST_FIELDS:
+        a, b = getattr(old, attr), getattr(new, attr)
+        if a != b:
+            if attr in ("requested_at", "expires_at"):
+                a, b = (None if x is None else _when(x) for x in (a, b))
+            out.append((name, a, b))
+    return out
+
+
+def _quoted(value: Any) -> str:
+    """A value an anomaly quotes, cut to a readable head (ids may be 1,024 characters)."""
+    if value is None:
+        return "none"
+    text = str(value.value if hasattr(value, "value") else value)
+    return repr(text if len(text) <= 80 else text[:80] + "…")
+
+
+def _when(ms: int) -> str:
+    """A time as an anomaly's reason says it (ISO 8601, UTC)."""
+    return from_ms(ms).isoformat().replace("+00:00", "Z")
+
+
+def _answer(code: DecisionCode, digest: str | None) -> str:
+    return code.value if digest is None else f"{code.value} of digest {_quoted(digest)}"
 
 
 def _set(r: Req, name: str, fact: Any) -> bool:
