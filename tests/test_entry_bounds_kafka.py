@@ -1,0 +1,271 @@
+"""On the real broker, registry and worker: inputs too large to store, and approval facts that
+contradict the facts held (issue 26, parts 4 and 5).
+
+One deployment with default settings, one partition of interest (2 of 6), one stream:
+
+- the issue's case: an execution, then ten SENT operations each with a 149,336-character
+  idempotency key, then a tick. Before, the execution's entry (2.3 MB) could never be written
+  to its changelog: every batch failed and was read again for ever, each attempt published
+  execution states with 1 to 10 open operations the worker's API never showed, nothing was
+  reported, and every later event of the partition waited. Now each is a VALUE_TOO_LARGE
+  anomaly naming the field and its length;
+- an execution whose operations each stay within the field bounds (1,024-character keys) but
+  add up past ``VIGIL_MAX_ENTRY_BYTES``: the operations that would take its entry past the
+  bound are quarantined (a dead letter and a CRITICAL alert each), everything else applied;
+- an approval request issued again under its id with a new digest, then accepted for it and
+  resumed; and a request accepted, then declined: a CONFLICTING_REQUEST and a
+  CONFLICTING_DECISION anomaly;
+- a later execution on the same partition, which must be applied.
+
+The worker's outputs are the pure Processor's over the same records (nothing missing,
+nothing else, no id with two contents), no batch fails, the API says what the topics say, and
+a restart publishes nothing new and still agrees.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from typing import Any
+
+import httpx
+import pytest
+
+from streams.contracts.models import events as ev
+from streams.contracts.models.enums import (
+    AlertKind,
+    AnomalyKind,
+    DecisionCode,
+    ExecutionStatus,
+    OperationEventKind,
+    Severity,
+)
+from streams.contracts.models.outputs import Alert, Anomaly, DeadLetter, ExecutionState
+from streams.kafka.partitioning import partition_of
+from tests.support import Deployment, by_id, deployment, worker
+from tests.test_faults_kafka import T0, at, worker_logs
+from tests.test_poison_kafka import Inputs, assert_same_as_pure, metric, until_published
+
+pytestmark = pytest.mark.kafka
+
+PARTITIONS = 6
+PARTITION = 2
+KEY_CHARS = 149_336
+BOUNDED_KEY_CHARS = 1024
+BOUNDED_OPERATIONS = 420
+
+
+def on_partition(prefix: str) -> str:
+    """The first id ``prefix-N`` whose execution lives on ``PARTITION``."""
+    return next(
+        f"{prefix}-{n}"
+        for n in range(1000)
+        if partition_of(f"{prefix}-{n}", PARTITIONS) == PARTITION
+    )
+
+
+HUGE = on_partition("issue-26-keys")
+GROWING = on_partition("issue-26-grows")
+APPROVING = on_partition("issue-26-approves")
+LATER = on_partition("issue-26-later")
+
+
+def incompressible(n: int, length: int) -> str:
+    rng = random.Random(n)
+    return "".join(rng.choices(string.ascii_letters + string.digits, k=length))
+
+
+def status(ex: str, seq: int, st: ExecutionStatus, t: float) -> ev.ExecutionStatusChanged:
+    return ev.ExecutionStatusChanged(
+        event_id=f"{ex}-s{seq}", execution_id=ex, sequence=seq, status=st, occurred_at=at(t)
+    )
+
+
+def sent(ex: str, n: int, t: float, key: str) -> ev.OperationEvent:
+    return ev.OperationEvent(
+        event_id=f"{ex}-op-{n}-sent",
+        execution_id=ex,
+        operation_id=f"op-{n}",
+        attempt=1,
+        idempotency_key=key,
+        connector="payments",
+        kind=OperationEventKind.SENT,
+        occurred_at=at(t),
+    )
+
+
+def approval_facts() -> list[Any]:
+    ex = APPROVING
+
+    def request(rid: str, digest: str, t: float) -> ev.ApprovalRequested:
+        return ev.ApprovalRequested(
+            event_id=f"{rid}-{digest}",
+            execution_id=ex,
+            request_id=rid,
+            action="deploy",
+            action_digest=digest,
+            occurred_at=at(t),
+            approver_ref="alice",
+            resume_handle="h",
+        )
+
+    def decide(rid: str, code: DecisionCode, digest: str, t: float) -> ev.ApprovalDecision:
+        return ev.ApprovalDecision(
+            event_id=f"{rid}-{code}-{t}",
+            execution_id=ex,
+            request_id=rid,
+            occurred_at=at(t),
+            decision=code,
+            action_digest=digest,
+        )
+
+    return [
+        status(ex, 1, ExecutionStatus.WAITING_FOR_APPROVAL, 7),
+        request("reissued", "d1", 7),
+        ev.CurrentActionDigest(
+            event_id="digest-d2", execution_id=ex, occurred_at=at(8), action_digest="d2"
+        ),
+        request("reissued", "d2", 9),
+        decide("reissued", DecisionCode.ACCEPT, "d2", 10),
+        ev.ResumeReceipt(
+            event_id="reissued-rr", execution_id=ex, request_id="reissued", occurred_at=at(11)
+        ),
+        request("redecided", "d2", 12),
+        decide("redecided", DecisionCode.ACCEPT, "d2", 13),
+        decide("redecided", DecisionCode.DECLINE, "d2", 14),
+    ]
+
+
+def write_stream(inputs: Inputs) -> None:
+    inputs.tick(T0)
+    inputs.event(status(HUGE, 1, ExecutionStatus.RUNNING, 1))
+    for n in range(10):
+        inputs.event(sent(HUGE, n, 2 + n / 10, incompressible(n, KEY_CHARS)))
+    inputs.tick(at(5))
+    inputs.event(status(GROWING, 1, ExecutionStatus.RUNNING, 6))
+    for n in range(BOUNDED_OPERATIONS):
+        key = incompressible(1000 + n, BOUNDED_KEY_CHARS)
+        inputs.event(sent(GROWING, n, 6 + n / 1000, key))
+    for fact in approval_facts():
+        inputs.event(fact)
+    inputs.event(status(LATER, 1, ExecutionStatus.RUNNING, 20))
+    inputs.event(status(LATER, 2, ExecutionStatus.WAITING_FOR_TOOL, 21))
+    inputs.tick(at(60))
+    inputs.flush()
+
+
+def last_states(got: list[Any]) -> dict[str, ExecutionState]:
+    """Each execution's last state on the compacted topic (offset order per key)."""
+    out: dict[str, ExecutionState] = {}
+    for r in got:
+        if isinstance(r.record, ExecutionState):
+            out[r.record.execution_id] = r.record
+    return out
+
+
+def api(port: int, execution_id: str) -> dict[str, Any]:
+    answer = httpx.get(f"http://127.0.0.1:{port}/v1/executions/{execution_id}", timeout=10)
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+def observe(dep: Deployment, w: Any, expected: dict[str, Any]) -> dict[str, Any]:
+    got = until_published(dep, expected, quiet=20, timeout=90)
+    states = last_states(got)
+    return {
+        "got": got,
+        "failures": metric(w, "vigil_batch_failures_total"),
+        "quarantined": metric(w, "vigil_quarantined_total"),
+        "api": {ex: api(w.web_port, ex) for ex in (HUGE, GROWING, APPROVING, LATER)},
+        "states": states,
+        "log": w.log_path.read_text(errors="replace"),
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The stream through one worker, then through a second one started after it stopped."""
+    dep = deployment(cluster, tmp_path_factory.mktemp("bounds"), partitions=PARTITIONS)
+    inputs = Inputs(dep)
+    write_stream(inputs)
+    expected = inputs.expected()
+    with worker(dep, reticks=False, ready_timeout=60) as w:
+        first = observe(dep, w, expected)
+    with worker(dep, reticks=False, ready_timeout=60) as w:
+        again = observe(dep, w, expected)
+    return {"dep": dep, "expected": expected, "first": first, "again": again}
+
+
+def test_the_worker_publishes_what_the_pure_processor_does_before_and_after_a_restart(
+    runs: dict[str, Any],
+) -> None:
+    for run in ("first", "again"):
+        assert_same_as_pure(runs[run]["got"], runs["expected"])
+        assert runs[run]["failures"] == 0, worker_logs(runs["dep"])
+    # the restart published nothing new (what it published again, if anything, has the ids
+    # and contents published before)
+    assert by_id(runs["again"]["got"]) == by_id(runs["first"]["got"])
+
+
+def test_oversized_fields_are_anomalies_naming_the_field_and_its_length(
+    runs: dict[str, Any],
+) -> None:
+    live = by_id(runs["first"]["got"]).values()
+    reported = [r for r in live if isinstance(r, Anomaly) and r.execution_id == HUGE]
+    assert len(reported) == 10
+    for a in reported:
+        assert a.kind == AnomalyKind.VALUE_TOO_LARGE
+        assert f"OperationEvent.idempotency_key has {KEY_CHARS:,} characters" in a.reason
+        assert a.source_partition == PARTITION
+    alerts = [r for r in live if isinstance(r, Alert) and r.verdict == "VALUE_TOO_LARGE"]
+    assert len(alerts) == 10
+    # nothing of them is held, on the topic or in the worker, before or after the restart
+    for run in ("first", "again"):
+        state, view = runs[run]["states"][HUGE], runs[run]["api"][HUGE]
+        assert (state.status, state.open_operation_ids) == (ExecutionStatus.RUNNING, ())
+        assert (view["status"], view["operations"]) == ("RUNNING", [])
+    assert "MessageSizeTooLarge" not in runs["first"]["log"]
+
+
+def test_inputs_that_would_make_the_entry_too_large_are_quarantined(
+    runs: dict[str, Any],
+) -> None:
+    live = by_id(runs["first"]["got"]).values()
+    letters = [r for r in live if isinstance(r, DeadLetter)]
+    assert letters, "the stream must take the entry past the bound"
+    assert len(letters) < BOUNDED_OPERATIONS
+    assert all("it would make the entry of execution" in d.reason for d in letters)
+    assert {d.source_partition for d in letters} == {PARTITION}
+    alerts = {r.subject_id: r for r in live if isinstance(r, Alert) and r.verdict == "QUARANTINED"}
+    assert set(alerts) == {d.dead_letter_id for d in letters}
+    assert {(a.kind, a.severity) for a in alerts.values()} == {
+        (AlertKind.ANOMALY, Severity.CRITICAL)
+    }
+    assert runs["first"]["quarantined"] == len(letters)
+    for run in ("first", "again"):
+        # what the topic says the execution holds, the worker holds
+        state, view = runs[run]["states"][GROWING], runs[run]["api"][GROWING]
+        assert len(state.open_operation_ids) == BOUNDED_OPERATIONS - len(letters)
+        assert sorted(o["operation_id"] for o in view["operations"]) == sorted(
+            state.open_operation_ids
+        )
+
+
+def test_conflicting_approval_facts_are_reported(runs: dict[str, Any]) -> None:
+    live = by_id(runs["first"]["got"]).values()
+    kinds = sorted(
+        (r.kind, r.event_id) for r in live if isinstance(r, Anomaly) and r.execution_id == APPROVING
+    )
+    assert kinds == [
+        (AnomalyKind.CONFLICTING_DECISION, "redecided-DECLINE-14"),
+        (AnomalyKind.CONFLICTING_REQUEST, "reissued-d2"),
+    ]
+
+
+def test_the_partition_moves_on(runs: dict[str, Any]) -> None:
+    """The later execution on the same partition is applied, live and after the restart."""
+    for run in ("first", "again"):
+        assert runs[run]["states"][LATER].last_sequence == 2
+        assert runs[run]["api"][LATER]["status"] == "WAITING_FOR_TOOL"
+    assert LATER != HUGE and partition_of(LATER, PARTITIONS) == PARTITION
