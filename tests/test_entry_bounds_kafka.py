@@ -85,7 +85,7 @@ def sent(ex: str, n: int, t: float, key: str) -> ev.OperationEvent:
     return ev.OperationEvent(
         event_id=f"{ex}-op-{n}-sent",
         execution_id=ex,
-        operation_id=f"op-{n}",
+        operation_id=f"{ex}-op-{n}",  # unique across executions (issue 26, part 1)
         attempt=1,
         idempotency_key=key,
         connector="payments",
