@@ -334,9 +334,7 @@ class Processor:
                     self._schedule(execution_id, epoch_ms(record.occurred_at))  # type: ignore[attr-defined]
                 self.applying = None
                 return
-        most = input_growth(record)
-        if state.size_bound(execution_id) + most < self.max_entry_bytes:
-            state.grow(execution_id, most)
+        if state.room(execution_id, input_growth(record), self.max_entry_bytes):
             if position is not None:
                 state.mark_applied(execution_id, position, self._committed_by_rank)
             self._on_input(env, record, out)

@@ -187,6 +187,19 @@ class ExecutionStore:
         self.entry(execution_id)
         self._sizes[execution_id] += most
 
+    def room(self, execution_id: str, most: int, limit: int) -> bool:
+        """Whether a change adding at most ``most`` bytes keeps the entry's bound below
+        ``limit``; if so, the bound grows by it (``size_bound`` and ``grow`` in one call,
+        once per input)."""
+        if execution_id not in self._cache:
+            self.entry(execution_id)
+        sizes = self._sizes
+        size = sizes[execution_id] + most
+        if size >= limit:
+            return False
+        sizes[execution_id] = size
+        return True
+
     def measure(self, execution_id: str) -> int:
         """The entry's packed size, exactly (``Entry.content_size``), remembered as its bound."""
         size = self.entry(execution_id).content_size()
