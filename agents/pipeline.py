@@ -231,7 +231,7 @@ class Checkpoint:
     def prepare_state(self) -> None:
         """0. The execution entries the batch changed, each written to its partition's
         changelog records (sent in step 2) and to the table's overlay. An entry larger than a
-        changelog record may be raises ``EntryTooLarge``, blamed on the last input it applied:
+        changelog record can carry raises ``EntryTooLarge``, blamed on the last input it applied:
         the batch fails before any of it is published, and that input is quarantined once it
         has failed ``VIGIL_MAX_RECORD_FAILURES`` batches. (The processor keeps entries below
         ``VIGIL_MAX_ENTRY_BYTES``, far below that limit: this is the last line.)"""
