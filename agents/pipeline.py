@@ -48,6 +48,13 @@ log = logging.getLogger("vigil.pipeline")
 ENTRY_RECORD_OVERHEAD = 8192
 
 
+def entry_bound(max_entry_bytes: int, record_limit: int) -> int:
+    """The bound the processor keeps execution entries within: ``VIGIL_MAX_ENTRY_BYTES``, or
+    nine tenths of the largest entry a changelog record carries when that is less, so that
+    what deadlines add after an entry's last input still fits."""
+    return min(max_entry_bytes, record_limit * 9 // 10)
+
+
 def _table(app: faust.App, name: str, partitions: int, *, packed: bool = False) -> Any:
     """Keys are JSON strings, which survive changelog recovery as ``str``.
 
@@ -326,9 +333,12 @@ class Worker:
         # microseconds, where aiokafka's send is a coroutine, a future and a callback per
         # record. Idempotent, acks=all, murmur2 on the key as Java clients and Faust partition.
         self.outputs = RecordProducer(settings, codec, acks="all")
-        #: the largest packed entry a changelog record can carry: what Faust's producer
-        #: sends in one request, less room for the record's key and framing
+        #: the largest packed entry a changelog record can carry: the least of what Faust's
+        #: producer sends in one request and what the changelog topic takes
+        #: (``max.message.bytes``, read before the first batch), less room for the record's
+        #: key and framing
         self.entry_limit = int(app.conf.producer_max_request_size) - ENTRY_RECORD_OVERHEAD
+        self.entry_limit_read = False
         #: input topic partitions this worker paused because they ran ahead (``hold_back``)
         self.paused: set[Any] = set()
         self.pace = FetchPace(
@@ -515,12 +525,44 @@ class Worker:
             for key, offset in starts.items():
                 if not guard.knows(key):
                     self.start_guard(key, offset)
+        if not self.entry_limit_read:
+            self.entry_limit_read = True
+            topic = self.executions.table.changelog_topic.get_topic_name()
+            try:
+                taken = await asyncio.to_thread(_max_message_bytes, self.settings, topic)
+            except Exception:  # the producer's own limit still holds
+                log.warning("could not read max.message.bytes of %s", topic, exc_info=True)
+                taken = None
+            self.use_record_limit(taken)
         unseen = self.codec.unseen_schema_ids(m.value for m in batch)
         if unseen:
             await asyncio.to_thread(self.codec.look_up, unseen)
             if self.generation != generation:
                 return False
         return True
+
+    def use_record_limit(self, topic_max_bytes: int | None) -> None:
+        """The changelog topic takes records of at most ``topic_max_bytes`` (None: not
+        known): an entry must fit in one. When ``VIGIL_MAX_ENTRY_BYTES`` leaves too little
+        room below that (``entry_bound``), the processor keeps entries within what fits, and
+        says so: an input is then set aside rather than failing its batch for ever, but a
+        replay, which knows only the setting, sets aside fewer."""
+        limit = int(self.app.conf.producer_max_request_size)
+        if topic_max_bytes is not None:
+            limit = min(limit, topic_max_bytes)
+        self.entry_limit = limit - ENTRY_RECORD_OVERHEAD
+        bound = entry_bound(self.settings.max_entry_bytes, self.entry_limit)
+        if bound < self.processor.max_entry_bytes:
+            log.error(
+                "VIGIL_MAX_ENTRY_BYTES=%s leaves too little room below the %s bytes a "
+                "changelog record of an execution entry carries here: entries are kept "
+                "within %s bytes instead; set VIGIL_MAX_ENTRY_BYTES to at most that, or a "
+                "replay sets aside fewer inputs than this worker",
+                self.settings.max_entry_bytes,
+                self.entry_limit,
+                bound,
+            )
+            self.processor.max_entry_bytes = bound
 
     async def apply(self, checkpoint: Checkpoint, batch: list[Any], assignment: Any) -> bool:
         """Every admitted record of the batch decoded and handed to the processor, its outputs
@@ -872,6 +914,16 @@ def _committed_offsets(
     if never:
         out.update(_earliest_offsets(settings, never))
     return out
+
+
+def _max_message_bytes(settings: Settings, topic: str) -> int | None:
+    """The topic's ``max.message.bytes``, as the broker reports it (None: not set)."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    admin = admin_client(settings)  # held until the answer: a dropped client cancels it
+    entry = admin.describe_configs([resource])[resource].result(timeout=30).get("max.message.bytes")
+    return int(entry.value) if entry is not None and entry.value else None
 
 
 def _earliest_offset(settings: Settings, tp: tuple[str, int]) -> int:

@@ -143,9 +143,10 @@ PositiveDuration = Annotated[timedelta, BeforeValidator(_to_duration), AfterVali
 ExistingFile = Annotated[str | None, AfterValidator(_existing_file)]
 Count = Annotated[int, Field(ge=1)]
 #: The bounds of ``VIGIL_MAX_ENTRY_BYTES``: an entry of an execution with a few facts must fit;
-#: the upper one leaves room below Faust's producer request size (1,000,000 bytes).
+#: the upper one is below nine tenths of what a changelog record carries by default (Faust's
+#: producer sends 1,000,000 bytes a request; the record's key and framing need some).
 MIN_ENTRY_BYTES = 4096
-MAX_ENTRY_BYTES = 900_000
+MAX_ENTRY_BYTES = 890_000
 Port = Annotated[int, Field(ge=0, le=65535)]
 
 
@@ -362,9 +363,11 @@ class Settings:
     #: VIGIL_MAX_ENTRY_BYTES — the largest an execution's packed table entry may grow to by
     #: an input: an input that would take it further is quarantined (a dead letter and a
     #: CRITICAL alert), since an entry is one changelog record and Kafka refuses a record
-    #: larger than its maximum message size for ever. At most 900,000: Faust's producer
+    #: larger than its maximum message size for ever. At most 890,000: Faust's producer
     #: sends at most 1,000,000 bytes a request, and what deadlines add after the last input,
-    #: and the input positions the live worker keeps, need room above the bound.
+    #: and the input positions the live worker keeps, need room above the bound. A worker
+    #: whose changelog topic takes less (``max.message.bytes``) keeps entries within nine
+    #: tenths of what it takes, and logs an error saying so.
     max_entry_bytes: int = 512 * 1024
     #: VIGIL_SESSION_TIMEOUT — the consumer group session: a worker silent for longer loses its
     #: partitions, and a worker stopped for longer writes nothing until a heartbeat proves it

@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import random
 import string
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from agents.pipeline import ENTRY_RECORD_OVERHEAD, entry_bound
 from streams.contracts.models import events as ev
 from streams.contracts.models.enums import (
     AlertKind,
@@ -269,3 +272,55 @@ def test_the_partition_moves_on(runs: dict[str, Any]) -> None:
         assert runs[run]["states"][LATER].last_sequence == 2
         assert runs[run]["api"][LATER]["status"] == "WAITING_FOR_TOOL"
     assert LATER != HUGE and partition_of(LATER, PARTITIONS) == PARTITION
+
+
+# -- a changelog topic that takes less than the bound needs -------------------------------------
+CHANGELOG_MAX_BYTES = 65_536
+
+
+def test_a_changelog_that_takes_less_lowers_the_bound_and_nothing_stalls(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """The executions changelog was created with ``max.message.bytes`` = 64 KiB, below what
+    the default ``VIGIL_MAX_ENTRY_BYTES`` needs. Before, the first entry past 64 KiB failed its
+    batch at the broker for ever. Now the worker reads the topic's limit before its first
+    batch, keeps entries within nine tenths of what fits, says so in its log, and sets aside
+    the inputs past it: its outputs are the pure Processor's with that bound."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    dep = deployment(cluster, tmp_path, partitions=PARTITIONS)
+    admin = AdminClient(dep.settings.confluent_conf())
+    changelog = NewTopic(
+        f"{dep.settings.app_id}-executions-changelog",
+        num_partitions=PARTITIONS,
+        replication_factor=1,
+        config={"cleanup.policy": "compact", "max.message.bytes": str(CHANGELOG_MAX_BYTES)},
+    )
+    for future in admin.create_topics([changelog]).values():
+        future.result(timeout=30)
+    inputs = Inputs(dep)
+    inputs.tick(T0)
+    inputs.event(status(GROWING, 1, ExecutionStatus.RUNNING, 1))
+    for n in range(80):
+        inputs.event(sent(GROWING, n, 2 + n / 100, incompressible(n, BOUNDED_KEY_CHARS)))
+    inputs.event(status(LATER, 1, ExecutionStatus.RUNNING, 5))
+    inputs.tick(at(60))
+    inputs.flush()
+    bound = entry_bound(dep.settings.max_entry_bytes, CHANGELOG_MAX_BYTES - ENTRY_RECORD_OVERHEAD)
+    assert bound < dep.settings.max_entry_bytes
+    inputs.dep = replace(dep, settings=replace(dep.settings, max_entry_bytes=bound))
+    expected = inputs.expected()
+    letters = [r for r in expected.values() if isinstance(r, DeadLetter)]
+    assert letters and len(letters) < 80
+
+    with worker(dep, reticks=False, ready_timeout=60) as w:
+        got = until_published(dep, expected, quiet=20, timeout=60)
+        failures = metric(w, "vigil_batch_failures_total")
+        view = api(w.web_port, GROWING)
+    assert_same_as_pure(got, expected)
+    assert failures == 0, worker_logs(dep)
+    assert "leaves too little room below" in w.log_path.read_text(errors="replace")
+    state = last_states(got)[GROWING]
+    assert len(state.open_operation_ids) == 80 - len(letters)
+    assert sorted(o["operation_id"] for o in view["operations"]) == sorted(state.open_operation_ids)
+    assert last_states(got)[LATER].status == ExecutionStatus.RUNNING
