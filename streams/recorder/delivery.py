@@ -29,6 +29,7 @@ Facts the broker refuses for good (too large, invalid) are not retried: each is 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -90,6 +91,9 @@ class _Pending:
     #: where it came from: "direct", "head", or "file" (then ``end`` is its line's end offset)
     origin: str
     end: int = 0
+    #: the producer's handle of this send (facts read from an earlier run's spool may share
+    #: an ``n`` with this run's)
+    token: int = -1
 
 
 @dataclass(slots=True)
@@ -129,9 +133,12 @@ class Delivery:
         self._producer = producer_factory(producer_conf)
         self.spool = Spool(spool_path, fsync_interval)
         self._pending: dict[int, _Pending] = {}
+        self._tokens = itertools.count()
         self._head: list[Fact] = []
         self._skip: set[int] = set()
         self._batch: _Batch | None = None
+        #: while a take-back collects the facts the producer gives back (else None)
+        self._collect: list[Fact] | None = None
         self._next_replay = 0.0
         self._failures = 0
         self._outage_since: float | None = None
@@ -255,21 +262,22 @@ class Delivery:
             log.warning("recorder: schema registry unavailable (%s); facts are spooled", exc)
             return False
         key = record.kafka_key()
+        token = entry.token = next(self._tokens)
         try:
             self._producer.produce(
                 fact.topic,
                 key=key.encode() if key is not None else None,
                 value=value,
                 timestamp=record_time_ms(record) or 0,
-                on_delivery=lambda err, msg, n=fact.n: self._reported(n, err),
+                on_delivery=lambda err, msg, t=token: self._reported(t, err),
             )
         except BufferError:
             return False
-        self._pending[fact.n] = entry
+        self._pending[token] = entry
         return True
 
-    def _reported(self, n: int, err: KafkaError | None) -> None:
-        entry = self._pending.pop(n, None)
+    def _reported(self, token: int, err: KafkaError | None) -> None:
+        entry = self._pending.pop(token, None)
         if entry is None:
             return
         ok = err is None
@@ -284,11 +292,14 @@ class Delivery:
             if entry.origin != "direct":
                 self.counts.replayed += 1
         if self._batch is not None and entry.origin != "direct":
-            self._batch.results[n] = ok
+            self._batch.results[token] = ok
             if self._batch.done():
                 self._settle_batch()
             return
-        if not ok:  # a direct fact the producer gave back (purged): first in line again
+        if not ok:  # a direct fact the producer gave back (purged): back in line
+            if self._collect is not None:
+                self._collect.append(entry.fact)
+                return
             self._head.append(entry.fact)
             self._head.sort(key=lambda f: f.n)
             self.counts.spooled += 1
@@ -326,8 +337,21 @@ class Delivery:
         if not self.spooling:
             self._start_spooling(f"no delivery for {self.spool_after:.1f} s")
             return
-        self._producer.purge(in_queue=True, in_flight=False, blocking=False)
-        self._producer.poll(0)
+        self._collect = []
+        try:
+            self._producer.purge(in_queue=True, in_flight=False, blocking=True)
+            self._producer.poll(0)
+        finally:
+            back, self._collect = sorted(self._collect, key=lambda f: f.n), None
+        if back:
+            self.counts.spooled += len(back)
+            if not self._head and self.spool.drained():
+                # the oldest facts there are, and the file holds nothing: they open it
+                for fact in back:
+                    self.spool.append(fact.n, fact.topic, fact.record)
+            else:
+                # facts older than the file's (they were in flight when it began): first
+                self._head = sorted([*self._head, *back], key=lambda f: f.n)
         for entry in self._pending.values():
             entry.since = now  # in flight: give them another period before asking again
         self._failures += 1
@@ -372,7 +396,7 @@ class Delivery:
         gap = False
         delivered_head = set()
         for entry in batch.entries:
-            ok = batch.results.get(entry.fact.n, False)
+            ok = batch.results.get(entry.token, False)
             if entry.origin == "head":
                 if ok:
                     delivered_head.add(entry.fact.n)
@@ -426,10 +450,16 @@ class Delivery:
             if fact is not None:
                 late.append(fact)
         if self._pending:
-            self._producer.purge(in_queue=True, in_flight=True, blocking=True)
+            # only what is not sent yet: librdkafka's idempotent producer cannot purge what
+            # is in flight. That is kept from the recorder's own copy below, and may reach
+            # the broker too: the same event id twice, one fact.
+            self._collect = []
+            self._producer.purge(in_queue=True, in_flight=False, blocking=True)
             self._producer.poll(0)
             self._batch = None
-        stranded = [p.fact for p in self._pending.values() if p.origin == "direct"]
+        back = self._collect or []
+        self._collect = None
+        stranded = back + [p.fact for p in self._pending.values() if p.origin == "direct"]
         self._pending.clear()
         head = sorted([*self._head, *stranded], key=lambda f: f.n)
         if head or self._skip:

@@ -204,6 +204,8 @@ class Recorder:
             "linger.ms": 5,
             "queue.buffering.max.messages": self.options.queue_max,
             "client.id": f"vigil-recorder-{self.options.name}",
+            # librdkafka's own messages (a refused connection...) as log records, not stderr
+            "logger": logging.getLogger("vigil.recorder.kafka"),
         }
         conf.update(producer_config or {})
         self._lock = threading.Lock()
