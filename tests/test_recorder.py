@@ -377,3 +377,131 @@ def test_facts_left_at_close_are_spooled_and_sent_first_by_the_next(tmp_path: Pa
     second.close(1)
     assert up.log == [r.event_id.encode() for r in [*old, new]]
     assert second.counts.replayed == 21
+
+
+def test_an_earlier_runs_facts_and_this_runs_share_a_batch(tmp_path: Path) -> None:
+    """Facts left by an earlier process carry its fact numbers, which this process counts
+    again from 0: when both are in one replay batch, each delivery report still settles its
+    own fact (a batch keyed by fact number never completed and the spool never drained)."""
+    spool = tmp_path / "r.spool"
+    first = Delivery(
+        {},
+        FakeCodec(),
+        spool,
+        spool_after=0.02,  # type: ignore[arg-type]
+        producer_factory=FakeBroker().factory,
+    )
+    old = [f.requester_heartbeat("ex", T0 + timedelta(seconds=i)) for i in range(5)]
+    for i, r in enumerate(old):
+        first.put(Fact(i, "p.run-signals", r))
+    assert first.close(0.1) == 5
+    broker = FakeBroker()  # down: the first replay of the leftovers is taken back
+    second = Delivery(
+        {},
+        FakeCodec(),
+        spool,
+        spool_after=0.05,
+        retry_max=0.05,  # type: ignore[arg-type]
+        producer_factory=broker.factory,
+    )
+    new = [f.requester_heartbeat("ex", T0 + timedelta(minutes=1, seconds=i)) for i in range(5)]
+    for i, r in enumerate(new):
+        second.put(Fact(i, "p.run-signals", r))  # the same numbers as the leftovers
+    time.sleep(0.2)
+    with broker.lock:
+        broker.up = True
+    assert second.flush(5) == 0
+    second.close(1)
+    assert broker.log == [r.event_id.encode() for r in [*old, *new]]
+
+
+def test_async_recorder_flushes_without_blocking_the_loop(tmp_path: Path) -> None:
+    import asyncio
+
+    from streams.recorder import AsyncRecorder
+
+    settings = replace(
+        Settings(), bootstrap_servers="127.0.0.1:9", schema_registry_url="http://127.0.0.1:9"
+    )
+    rs = replace(RecorderSettings(), spool_dir=str(tmp_path / "spool"), close_timeout=0)
+
+    async def agent() -> tuple[int, int, int]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        async with AsyncRecorder(settings, recorder_settings=rs, exit_hook=False) as rec:
+            run = rec.execution("ex-async")
+            run.status("running")
+            run.heartbeat()
+            left = await rec.flush(0.3)  # nothing reachable: the two wait, none is lost
+        task.cancel()
+        return left, ticks, rec.counts.recorded
+
+    left, ticks, recorded = asyncio.run(agent())
+    assert (left, recorded) == (2, 2)
+    assert ticks >= 10  # the loop kept running while the flush waited
+    assert len((tmp_path / "spool" / "recorder.spool").read_bytes().splitlines()) == 2
+
+
+RECORDER_VARIABLES = (
+    "VIGIL_RECORDER_SPOOL_DIR",
+    "VIGIL_RECORDER_NAME",
+    "VIGIL_RECORDER_SPOOL_AFTER",
+    "VIGIL_RECORDER_QUEUE",
+)
+
+
+def test_recorder_variables_are_read_refused_and_documented(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from streams.settings import SettingsError
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert [v for v in RECORDER_VARIABLES if f"`{v}`" not in readme] == []
+    monkeypatch.setenv("VIGIL_RECORDER_SPOOL_DIR", str(tmp_path))
+    monkeypatch.setenv("VIGIL_RECORDER_NAME", "agent-a")
+    monkeypatch.setenv("VIGIL_RECORDER_SPOOL_AFTER", "750ms")
+    monkeypatch.setenv("VIGIL_RECORDER_QUEUE", "5000")
+    rs = RecorderSettings.from_env(Settings())
+    assert rs.spool_path == tmp_path / "agent-a.spool"
+    assert (rs.spool_after, rs.queue_max) == (timedelta(milliseconds=750), 5000)
+    monkeypatch.setenv("VIGIL_RECORDER_SPOOL_AFTER", "soon")
+    with pytest.raises(SettingsError, match="VIGIL_RECORDER_SPOOL_AFTER='soon'"):
+        RecorderSettings.from_env(Settings())
+    monkeypatch.setenv("VIGIL_RECORDER_SPOOL_AFTER", "5s")
+    monkeypatch.setenv("VIGIL_RECORDER_QUEUE", "0")
+    with pytest.raises(SettingsError, match="VIGIL_RECORDER_QUEUE='0'"):
+        RecorderSettings.from_env(Settings())
+
+
+def test_the_current_opentelemetry_span_is_the_traceparent(offline: Recorder) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("agent")
+    run = offline.execution("ex-traced")
+    assert run.heartbeat().traceparent is None  # no span active
+    with tracer.start_as_current_span("tool-call") as span:
+        ctx = span.get_span_context()
+        sent = run.operation("op", connector="c").sent()
+    flags = int(ctx.trace_flags)
+    assert sent.traceparent == f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{flags:02x}"
+    assert flags & 1  # sampled
+    from streams.core.trace import valid_traceparent
+
+    assert valid_traceparent(sent.traceparent)
+
+
+def test_counts_are_exported_to_prometheus(offline: Recorder) -> None:
+    from prometheus_client import REGISTRY
+
+    before = REGISTRY.get_sample_value("vigil_recorder_facts_total", {"outcome": "recorded"})
+    offline.execution("ex-m").heartbeat()
+    after = REGISTRY.get_sample_value("vigil_recorder_facts_total", {"outcome": "recorded"})
+    assert after == (before or 0) + 1
+    assert REGISTRY.get_sample_value("vigil_recorder_backlog") is not None

@@ -259,7 +259,8 @@ class Delivery:
         try:
             value = self.codec.encode(fact.topic, record)
         except RegistryUnavailable as exc:
-            log.warning("recorder: schema registry unavailable (%s); facts are spooled", exc)
+            if not self.spooling:  # once per outage: the spooling line follows
+                log.warning("recorder: schema registry unavailable (%s); facts are spooled", exc)
             return False
         key = record.kafka_key()
         token = entry.token = next(self._tokens)

@@ -43,6 +43,7 @@ import itertools
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -92,24 +93,79 @@ def utc_now() -> datetime:
 # Trace context
 
 
-def _otel_traceparent() -> Callable[[], str | None]:
-    """A function giving the W3C traceparent of the current OpenTelemetry span, or None
-    when none is active; a function that always gives None when OpenTelemetry is absent."""
-    try:
-        from opentelemetry import trace
-    except ImportError:
-        return lambda: None
-
-    def current() -> str | None:
-        ctx = trace.get_current_span().get_span_context()
-        if not ctx.is_valid:
-            return None
-        return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
-
-    return current
+_trace_api: Any = None
 
 
-current_traceparent = _otel_traceparent()
+def current_traceparent() -> str | None:
+    """The W3C traceparent of the current OpenTelemetry span, or None when no span is
+    active or OpenTelemetry (``opentelemetry-api``) is not installed: an optional import,
+    looked up once."""
+    global _trace_api
+    if _trace_api is None:
+        try:
+            from opentelemetry import trace
+
+            _trace_api = trace
+        except ImportError:
+            _trace_api = False
+    if _trace_api is False:
+        return None
+    ctx = _trace_api.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return None
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics: the counts of this process's recorders, read at scrape time (no cost per fact)
+
+_live: weakref.WeakSet[Recorder] = weakref.WeakSet()
+_retired = Counts()
+_OUTCOMES = ("recorded", "delivered", "spooled", "replayed", "rejected")
+
+
+class _Collector:
+    """``vigil_recorder_facts_total{outcome}``, ``vigil_recorder_outages_total`` and
+    ``vigil_recorder_backlog`` in the process's default Prometheus registry, for an agent
+    that serves ``/metrics``."""
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        live = list(_live)
+        facts = CounterMetricFamily(
+            "vigil_recorder_facts",
+            "Facts recorded by this process, and what became of them: delivered, spooled "
+            "(the broker could not take them), replayed (spooled, then delivered), rejected "
+            "(refused by the broker for good, kept in the .rejected file)",
+            labels=["outcome"],
+        )
+        for outcome in _OUTCOMES:
+            total = getattr(_retired, outcome) + sum(getattr(r.counts, outcome) for r in live)
+            facts.add_metric([outcome], total)
+        yield facts
+        outages = CounterMetricFamily(
+            "vigil_recorder_outages", "Times a recorder of this process started spooling"
+        )
+        outages.add_metric([], _retired.outages + sum(r.counts.outages for r in live))
+        yield outages
+        backlog = GaugeMetricFamily(
+            "vigil_recorder_backlog", "Facts recorded and not delivered yet (queued or spooled)"
+        )
+        backlog.add_metric([], sum(r.backlog() for r in live))
+        yield backlog
+
+
+def _register_collector() -> None:
+    from prometheus_client import REGISTRY
+
+    REGISTRY.register(_Collector())  # type: ignore[arg-type]
+
+
+_register_collector()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,6 +278,7 @@ class Recorder:
         self._exit_hook = exit_hook
         if exit_hook:
             atexit.register(self._at_exit)
+        _live.add(self)
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> Recorder:
@@ -251,7 +308,7 @@ class Recorder:
             raise f.InvalidFact(f"{type(record).__name__} is not an input fact vigil reads")
         with self._lock:
             n = next(self._n)
-        self._delivery.counts.recorded += 1
+            self._delivery.counts.recorded += 1
         self._delivery.put(Fact(n, topic, record))
         return record
 
@@ -269,7 +326,11 @@ class Recorder:
         self._closed = True
         if self._exit_hook:
             atexit.unregister(self._at_exit)
-        return self._delivery.close(self.options.close_timeout if timeout is None else timeout)
+        left = self._delivery.close(self.options.close_timeout if timeout is None else timeout)
+        _live.discard(self)
+        for outcome in (*_OUTCOMES, "outages"):
+            setattr(_retired, outcome, getattr(_retired, outcome) + getattr(self.counts, outcome))
+        return left
 
     def _at_exit(self) -> None:
         left = self.close()
