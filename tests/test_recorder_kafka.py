@@ -251,3 +251,31 @@ def test_an_outage_is_spooled_and_delivered_in_order(
     for r in got:
         seen[r.record.execution_id].append(r.record.event_id)  # type: ignore[union-attr]
     assert dict(seen) == dict(recorded)
+
+
+def test_the_exit_hook_delivers_what_an_agent_left_queued(cluster: Any, tmp_path: Path) -> None:
+    """An agent that records and exits without flushing or closing: the exit hook delivers
+    its facts before the process ends."""
+    import subprocess
+    import sys
+
+    dep = deployment(cluster, tmp_path)
+    script = (
+        "from streams.recorder import Recorder\n"
+        "r = Recorder.from_env()\n"
+        "run = r.execution('ex-exit')\n"
+        "run.status('running')\n"
+        "for i in range(50):\n"
+        "    run.heartbeat(resume_handle=f'h-{i}')\n"
+    )
+    env = dep.env() | {"VIGIL_RECORDER_SPOOL_DIR": str(tmp_path / "spool")}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    got = dep.read([dep.topics.execution_status.name, dep.topics.run_signals.name], idle=1.0)
+    assert (
+        sorted(type(r.record).__name__ for r in got)
+        == ["ExecutionStatusChanged"] + ["RequesterHeartbeat"] * 50
+    )
+    assert (tmp_path / "spool" / "recorder.spool").read_bytes() == b""

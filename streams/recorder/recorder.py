@@ -71,6 +71,7 @@ from streams.contracts.models.events import (
     RequesterHeartbeat,
     ResumeReceipt,
 )
+from streams.core.executions import TERMINAL
 from streams.durations import parse_duration
 from streams.kafka.topics import Topics
 from streams.recorder import facts as f
@@ -83,6 +84,9 @@ Clock = Callable[[], datetime]
 When = datetime | timedelta | float | None
 
 K = OperationEventKind
+#: executions whose last sequence a recorder remembers (the sequence is time-based, so one
+#: forgotten continues from its clock; an ended one is forgotten at once)
+MAX_SEQUENCES = 100_000
 
 
 def utc_now() -> datetime:
@@ -264,7 +268,9 @@ class Recorder:
             "logger": logging.getLogger("vigil.recorder.kafka"),
         }
         conf.update(producer_config or {})
-        self._lock = threading.Lock()
+        #: orders the facts: a fact's number, its sequence and its place in the queue are
+        #: taken together, so the queue's order is the order of the calls
+        self._lock = threading.RLock()
         self._n = itertools.count()
         self._sequences: dict[str, int] = {}
         self._closed = False
@@ -309,7 +315,7 @@ class Recorder:
         with self._lock:
             n = next(self._n)
             self._delivery.counts.recorded += 1
-        self._delivery.put(Fact(n, topic, record))
+            self._delivery.put(Fact(n, topic, record))
         return record
 
     def flush(self, timeout: float = 30.0) -> int:
@@ -376,8 +382,16 @@ class Recorder:
                 seq = given
             else:
                 seq = f.next_sequence(previous, at)
+            self._sequences.pop(execution_id, None)
             self._sequences[execution_id] = max(seq, previous or seq)
+            if len(self._sequences) > MAX_SEQUENCES:
+                # the least recently changed: its next sequence falls back on its clock
+                del self._sequences[next(iter(self._sequences))]
             return seq
+
+    def _ended(self, execution_id: str) -> None:
+        with self._lock:
+            self._sequences.pop(execution_id, None)
 
 
 class ExecutionRun:
@@ -403,17 +417,21 @@ class ExecutionRun:
         rec = self.recorder
         code = f.symbol(ExecutionStatus, status, "status")
         when = rec._now(at)
-        seq = rec._sequence(self.execution_id, when, sequence)
-        record = f.status_changed(
-            self.execution_id,
-            code,
-            when,
-            seq,
-            agent_id=self.agent_id,
-            reason=reason,
-            traceparent=rec._trace(traceparent),
-        )
-        rec.record(record)
+        trace = rec._trace(traceparent)
+        with rec._lock:  # a higher sequence is never queued before a lower one
+            seq = rec._sequence(self.execution_id, when, sequence)
+            record = f.status_changed(
+                self.execution_id,
+                code,
+                when,
+                seq,
+                agent_id=self.agent_id,
+                reason=reason,
+                traceparent=trace,
+            )
+            rec.record(record)
+            if code in TERMINAL:
+                rec._ended(self.execution_id)
         return record
 
     def operation(
