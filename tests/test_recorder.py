@@ -505,3 +505,34 @@ def test_counts_are_exported_to_prometheus(offline: Recorder) -> None:
     after = REGISTRY.get_sample_value("vigil_recorder_facts_total", {"outcome": "recorded"})
     assert after == (before or 0) + 1
     assert REGISTRY.get_sample_value("vigil_recorder_backlog") is not None
+
+
+def test_an_unreadable_spool_line_is_rejected_not_sent_and_does_not_block(tmp_path: Path) -> None:
+    """A line this version cannot read (a newer record type, a torn edit) is copied to the
+    rejected file and said; the readable facts around it are sent and the spool drains."""
+    from streams.recorder.spool import line_of
+
+    spool = tmp_path / "r.spool"
+    facts = [f.requester_heartbeat("ex", T0 + timedelta(seconds=i)) for i in range(2)]
+    garbage = b'{"n": 9, "topic": "p.run-signals", "type": "FromTheFuture", "record": {}}\n'
+    spool.write_bytes(line_of(0, "p.run-signals", facts[0]) + garbage)
+    broker = FakeBroker()
+    broker.up = True
+    d = Delivery(
+        {},
+        FakeCodec(),
+        spool,
+        spool_after=0.02,  # type: ignore[arg-type]
+        producer_factory=broker.factory,
+    )
+    assert d.flush(5) == 0
+    deadline = time.monotonic() + 5
+    while d.spooling and time.monotonic() < deadline:  # the unreadable line last: it drains
+        time.sleep(0.01)
+    assert not d.spooling
+    d.put(Fact(0, "p.run-signals", facts[1]))
+    assert d.flush(5) == 0
+    d.close(1)
+    assert broker.log == [r.event_id.encode() for r in facts]
+    assert (tmp_path / "r.spool.rejected").read_bytes() == garbage
+    assert spool.read_bytes() == b""

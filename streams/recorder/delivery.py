@@ -365,22 +365,33 @@ class Delivery:
         """One batch of the facts in line: the head first, then the file from its cursor."""
         batch = _Batch()
         self._batch = batch
+        refused = False
         for fact in list(self._head[: self.replay_batch]):
             entry = _Pending(fact, now, "head")
             if not self._produce(entry):
+                refused = True
                 break
             batch.entries.append(entry)
-        if len(batch.entries) == len(self._head[: self.replay_batch]):
+        if not refused:
             room = self.replay_batch - len(batch.entries)
             for s in self.spool.read(self.spool.cursor, room) if room > 0 else ():
                 if s.end in self._skip:
                     continue
                 entry = _Pending(Fact(s.n, s.topic, s.record), now, "file", s.end)
                 if not self._produce(entry):
+                    refused = True
                     break
                 batch.entries.append(entry)
         if not batch.entries:
             self._batch = None
+            if (
+                not refused
+                and not self._head
+                and all(s.end in self._skip for s in self.spool.read(self.spool.cursor))
+            ):
+                # what is left in the file is delivered already, or unreadable (rejected)
+                self.spool.advance(self.spool.size(), self.spool.backlog)
+                self._skip.clear()
             if not self._head and self.spool.drained():
                 self._recovered()
             else:
