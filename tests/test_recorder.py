@@ -526,10 +526,7 @@ def test_an_unreadable_spool_line_is_rejected_not_sent_and_does_not_block(tmp_pa
         producer_factory=broker.factory,
     )
     assert d.flush(5) == 0
-    deadline = time.monotonic() + 5
-    while d.spooling and time.monotonic() < deadline:  # the unreadable line last: it drains
-        time.sleep(0.01)
-    assert not d.spooling
+    assert not d.spooling  # the unreadable line last: the spool drains all the same
     d.put(Fact(0, "p.run-signals", facts[1]))
     assert d.flush(5) == 0
     d.close(1)

@@ -180,12 +180,14 @@ class Delivery:
             while True:
                 left = self.backlog_locked()
                 remaining = deadline - time.monotonic()
-                if left == 0 or remaining <= 0 or not self._thread.is_alive():
+                # done once nothing is left and the spool is emptied (its last batch settled)
+                caught_up = left == 0 and not self.spooling
+                if caught_up or remaining <= 0 or not self._thread.is_alive():
                     return left
                 self._idle.wait(min(remaining, 0.05))
 
     def backlog_locked(self) -> int:
-        in_line = len(self._head) + self.spool.backlog
+        in_line = len(self._head) + self.spool.backlog + len(self._collect or ())
         return self._queued + in_line + len(self._pending)
 
     def close(self, timeout: float) -> int:
