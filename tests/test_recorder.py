@@ -533,3 +533,44 @@ def test_an_unreadable_spool_line_is_rejected_not_sent_and_does_not_block(tmp_pa
     assert broker.log == [r.event_id.encode() for r in facts]
     assert (tmp_path / "r.spool.rejected").read_bytes() == garbage
     assert spool.read_bytes() == b""
+
+
+def test_a_fatal_producer_error_hands_its_facts_to_a_new_producer(tmp_path: Path) -> None:
+    """An idempotent producer can fail for good: the first delivery report says so and the
+    producer reports nothing more. A new producer takes over and every fact arrives, in
+    order (a producer left holding them was never polled again, and they waited for ever)."""
+    broken_once = {"done": False}
+    broker = FakeBroker(capacity=100)
+    broker.up = True
+    healthy = broker.factory
+
+    def factory(conf: dict[str, Any]) -> Any:
+        producer = healthy(conf)
+        if broken_once["done"]:
+            return producer
+        broken_once["done"] = True
+
+        def poll(_timeout: float = 0) -> int:
+            if not producer.queue:
+                return 0
+            msg, cb = producer.queue.pop(0)  # the rest it keeps, and never reports
+            cb(KafkaError(KafkaError._FATAL, "fenced", fatal=True), msg)
+            return 1
+
+        producer.poll = poll
+        return producer
+
+    d = Delivery(
+        {},
+        FakeCodec(),
+        tmp_path / "r.spool",
+        spool_after=0.05,  # type: ignore[arg-type]
+        retry_max=0.05,
+        producer_factory=factory,
+    )
+    facts = [f.requester_heartbeat("ex", T0 + timedelta(seconds=i)) for i in range(6)]
+    for i, r in enumerate(facts):
+        d.put(Fact(i, "p.run-signals", r))
+    assert d.flush(5) == 0
+    d.close(1)
+    assert broker.log == [r.event_id.encode() for r in facts]

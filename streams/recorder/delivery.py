@@ -29,6 +29,7 @@ Facts the broker refuses for good (too large, invalid) are not retried: each is 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import queue
@@ -288,8 +289,7 @@ class Delivery:
             self._reject(entry.fact, err)
             ok = True  # settled: not retried, not lost (written to the rejected file)
         elif err is not None and err.fatal():
-            log.error("recorder: producer failed for good (%s); starting a new one", err)
-            self._producer = self._factory(self.producer_conf)
+            self._replace_producer(err)
         if err is None:
             self.counts.delivered += 1
             if entry.origin != "direct":
@@ -308,6 +308,27 @@ class Delivery:
             self.counts.spooled += 1
             if not self.spooling:
                 self._start_spooling(f"delivery failed: {err}")
+
+    def _replace_producer(self, err: KafkaError) -> None:
+        """The producer failed for good (an idempotent producer's fatal error): a new one
+        takes over, and every fact the old one held is back in line (what was in flight
+        may have reached the broker too: sent again, one event id). The old producer is
+        not polled again, so none of its reports is read twice."""
+        log.error("recorder: the producer failed for good (%s); starting a new one", err)
+        old, self._producer = self._producer, self._factory(self.producer_conf)
+        with contextlib.suppress(Exception):  # let it go without waiting on what it holds
+            old.purge(in_queue=True, in_flight=False, blocking=False)
+        stranded = [p.fact for p in self._pending.values() if p.origin == "direct"]
+        self._pending.clear()
+        self._batch = None  # its facts are still in the head or the file
+        if stranded:
+            self._head = sorted([*self._head, *stranded], key=lambda f: f.n)
+            self.counts.spooled += len(stranded)
+        if not self.spooling:
+            self.spooling = True
+            self.counts.outages += 1
+            self._outage_since = time.monotonic()
+        self._next_replay = 0.0
 
     def _reject(self, fact: Fact, err: KafkaError) -> None:
         self.counts.rejected += 1
