@@ -574,3 +574,23 @@ def test_a_fatal_producer_error_hands_its_facts_to_a_new_producer(tmp_path: Path
     assert d.flush(5) == 0
     d.close(1)
     assert broker.log == [r.event_id.encode() for r in facts]
+
+
+def test_spooled_lines_are_fsynced_within_the_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line written is handed to the OS at once and fsynced by the first sync after the
+    interval, even when nothing more is written (it waited for the next write)."""
+    import os as os_module
+
+    synced: list[int] = []
+    real = os_module.fsync
+    monkeypatch.setattr("streams.recorder.spool.os.fsync", lambda fd: synced.append(fd) or real(fd))
+    spool = Spool(tmp_path / "r.spool", fsync_interval=0.05)
+    spool.append(0, "p.run-signals", f.requester_heartbeat("ex", T0))
+    spool.sync()
+    assert (tmp_path / "r.spool").read_bytes().count(b"\n") == 1  # with the OS already
+    time.sleep(0.06)
+    spool.sync()  # nothing new written since
+    assert synced
+    spool.close()

@@ -24,7 +24,8 @@ while it was in flight may have reached the broker; it is then sent again with t
 id, which the worker reads as one fact.
 
 Facts the broker refuses for good (too large, invalid) are not retried: each is written to
-``<spool>.rejected`` and logged as an error, and counted.
+``<spool>.rejected`` and logged as an error, and counted. A producer that fails for good (a
+fatal error of the idempotent producer) is replaced, and every fact it held is back in line.
 """
 
 from __future__ import annotations

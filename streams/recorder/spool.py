@@ -88,6 +88,8 @@ class Spool:
             ) from None
         self._last_sync = time.monotonic()
         self._dirty = False
+        #: lines handed to the OS and not fsynced yet
+        self._unsynced = False
         #: offsets of unreadable lines already copied to the rejected file
         self._rejected: set[int] = set()
         self.cursor = self._read_cursor()
@@ -110,15 +112,19 @@ class Spool:
         self._dirty = True
 
     def sync(self, force: bool = False) -> None:
-        """Hand the written lines to the OS, and fsync when the interval has passed."""
-        if not self._dirty and not force:
+        """Hand the written lines to the OS at once, and fsync them once the interval since
+        the last fsync has passed (called on every turn of the delivery thread)."""
+        if self._dirty:
+            self._file.flush()
+            self._dirty = False
+            self._unsynced = True
+        if not (self._unsynced or force):
             return
-        self._file.flush()
         now = time.monotonic()
         if force or now - self._last_sync >= self.fsync_interval:
             os.fsync(self._file.fileno())
             self._last_sync = now
-        self._dirty = False
+            self._unsynced = False
 
     def read(self, start: int, limit: int | None = None) -> Iterator[Spooled]:
         """The facts from byte ``start`` on (a torn last line, from a crash, is skipped)."""
