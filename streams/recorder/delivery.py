@@ -141,6 +141,8 @@ class Delivery:
         self._batch: _Batch | None = None
         #: while a take-back collects the facts the producer gives back (else None)
         self._collect: list[Fact] | None = None
+        #: a delivery report that starts spooling, acted on after the poll that gave it
+        self._spool_because: str | None = None
         self._next_replay = 0.0
         self._failures = 0
         self._outage_since: float | None = None
@@ -214,6 +216,9 @@ class Delivery:
     def _step(self) -> None:
         took = self._take(timeout=0.02 if not self._pending else 0.005)
         self._producer.poll(0)
+        if self._spool_because is not None:
+            why, self._spool_because = self._spool_because, None
+            self._start_spooling(why)
         now = time.monotonic()
         if self._pending:
             # insertion order is age order (a take-back restamps them all alike)
@@ -308,7 +313,9 @@ class Delivery:
             self._head.sort(key=lambda f: f.n)
             self.counts.spooled += 1
             if not self.spooling:
-                self._start_spooling(f"delivery failed: {err}")
+                # after this poll, not inside its callback: the take-back polls itself
+                self._spool_because = f"delivery failed: {err}"
+                self.spooling = True
 
     def _replace_producer(self, err: KafkaError) -> None:
         """The producer failed for good (an idempotent producer's fatal error): a new one
