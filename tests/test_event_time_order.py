@@ -199,6 +199,7 @@ class Broker:
     committed: dict[TP, int] = field(default_factory=lambda: defaultdict(int))
     acked: dict[TP, set[int]] = field(default_factory=lambda: defaultdict(set))
     published: Published = field(default_factory=Published)
+    topics: Topics = TOPICS
 
     def ack(self, envs: list[Envelope]) -> None:
         for e in envs:
@@ -210,7 +211,7 @@ class Broker:
     def run(self, batch: int, crash_at: tuple[int, str] | None) -> None:
         """Deliver every record from the committed offsets, in the read order."""
         proc = Processor(
-            TOPICS,
+            self.topics,
             self.stores,
             write_behind=True,
             committed=lambda topic, p: self.committed[(topic, p)],
