@@ -73,9 +73,10 @@ class VigilCollector:
         quarantined.add_metric([], c.quarantined)
         yield quarantined
         late = CounterMetricFamily(
-            "vigil_events_behind_watermark",
-            "Events that arrived behind their partition's watermark and were applied at once: "
-            "a producer writing out of time order, or ticks ahead of the producers' clocks",
+            "vigil_events_late",
+            "Events written more than VIGIL_ALLOWED_LATENESS behind their own topic "
+            "partition's time (the newest event time before them there, ticks included), "
+            "judged at that time: a producer writing late, or ticks ahead of its clock",
         )
         late.add_metric([], c.late)
         yield late
