@@ -87,63 +87,75 @@ def status(ex: str, seq: int, st_: ExecutionStatus, seconds: float) -> Execution
     )
 
 
-def op(kind: OperationEventKind, seconds: float, **kw: Any) -> OperationEvent:
-    return OperationEvent(
-        event_id=f"ex-ack-{kind}",
-        execution_id="ex-ack",
-        operation_id="charge-1",
-        attempt=1,
-        idempotency_key="idem-charge-1",
-        connector="payments",
-        kind=kind,
-        occurred_at=at(seconds),
-        **kw,
-    )
+def written(suffix: str = "") -> list[Record | Tick]:
+    """Every record of the three cases in the order it was written (a ``Tick`` is a tick into
+    every input topic); ``suffix`` names another copy of the same executions."""
+    ack, seq, apr = f"ex-ack{suffix}", f"ex-seq{suffix}", f"ex-apr{suffix}"
+
+    def op(kind: OperationEventKind, seconds: float, **kw: Any) -> OperationEvent:
+        return OperationEvent(
+            event_id=f"{ack}-{kind}",
+            execution_id=ack,
+            operation_id="charge-1",
+            attempt=1,
+            idempotency_key="idem-charge-1",
+            connector="payments",
+            kind=kind,
+            occurred_at=at(seconds),
+            **kw,
+        )
+
+    def approval(cls: type[Record], seconds: float, **kw: Any) -> Record:
+        return cls(
+            event_id=f"{apr}-{cls.__name__}-{seconds}",
+            execution_id=apr,
+            occurred_at=at(seconds),
+            **kw,
+        )
+
+    return [
+        status(ack, 1, S.RUNNING, 0),
+        status(seq, 1, S.RUNNING, 0),
+        status(apr, 1, S.RUNNING, 0),
+        status(apr, 2, S.WAITING_FOR_APPROVAL, 2),
+        approval(
+            ApprovalRequested,
+            2,
+            request_id=f"req-1{suffix}",
+            action="refund",
+            action_digest="d1",
+            expires_at=at(3600),
+            approver_ref="alice",
+            resume_handle="h1",
+            risk=Risk.LOW,
+        ),
+        approval(
+            ApprovalDelivery, 3, request_id=f"req-1{suffix}", outcome=DeliveryOutcome.DELIVERED
+        ),
+        status(ack, 2, S.WAITING_FOR_TOOL, 4),
+        op(K.SENT, 5, reply_due_at=at(35)),
+        approval(RequesterHeartbeat, 10, resume_handle="h1"),
+        Tick(20),
+        status(seq, 2, S.WAITING_FOR_TOOL, 30),
+        Tick(40),
+        Tick(60),
+        Tick(80),
+        status(seq, 4, S.FAILED, 90),
+        *(Tick(s) for s in range(100, 181, 20)),
+        # written late: each behind the 09:03:00 ticks of its own topic partition
+        status(seq, 3, S.RUNNING, 60),
+        op(K.ACKNOWLEDGED, 15, evidence_source=EvidenceSource.CONNECTOR),
+        approval(ApprovalDecision, 20, request_id=f"req-1{suffix}", decision=DecisionCode.ACCEPT),
+        *(Tick(s) for s in range(200, 401, 20)),
+    ]
 
 
-def approval(cls: type[Record], seconds: float, **kw: Any) -> Record:
-    return cls(
-        event_id=f"ex-apr-{cls.__name__}-{seconds}",
-        execution_id="ex-apr",
-        occurred_at=at(seconds),
-        **kw,
-    )
-
-
-#: Every record in the order it was written (a tick into every input topic).
-WRITTEN: list[Record | Tick] = [
-    status("ex-ack", 1, S.RUNNING, 0),
-    status("ex-seq", 1, S.RUNNING, 0),
-    status("ex-apr", 1, S.RUNNING, 0),
-    status("ex-apr", 2, S.WAITING_FOR_APPROVAL, 2),
-    approval(
-        ApprovalRequested,
-        2,
-        request_id="req-1",
-        action="refund",
-        action_digest="d1",
-        expires_at=at(3600),
-        approver_ref="alice",
-        resume_handle="h1",
-        risk=Risk.LOW,
-    ),
-    approval(ApprovalDelivery, 3, request_id="req-1", outcome=DeliveryOutcome.DELIVERED),
-    status("ex-ack", 2, S.WAITING_FOR_TOOL, 4),
-    op(K.SENT, 5, reply_due_at=at(35)),
-    approval(RequesterHeartbeat, 10, resume_handle="h1"),
-    Tick(20),
-    status("ex-seq", 2, S.WAITING_FOR_TOOL, 30),
-    Tick(40),
-    Tick(60),
-    Tick(80),
-    status("ex-seq", 4, S.FAILED, 90),
-    *(Tick(s) for s in range(100, 181, 20)),
-    # written late: each behind the 09:03:00 ticks of its own topic partition
-    status("ex-seq", 3, S.RUNNING, 60),
-    op(K.ACKNOWLEDGED, 15, evidence_source=EvidenceSource.CONNECTOR),
-    approval(ApprovalDecision, 20, request_id="req-1", decision=DecisionCode.ACCEPT),
-    *(Tick(s) for s in range(200, 401, 20)),
-]
+WRITTEN = written()
+#: where the late records start: everything before, the ticks of 09:03:00 included, was
+#: written before them
+LATE_FROM = 1 + next(
+    i for i, item in enumerate(WRITTEN) if isinstance(item, Tick) and item.at == at(180)
+)
 
 
 def topic_of(record: Record) -> str:
