@@ -94,11 +94,14 @@ def shares(partitions: int, processes: int) -> list[list[int]]:
     return [list(range(i, partitions, n)) for i in range(n)]
 
 
-def in_range(timestamp_ms: int, end_ms: int | None) -> bool:
-    """Whether a record stamped ``timestamp_ms`` belongs to a replay that ends at ``end_ms``
-    (None: no end). The end is inclusive: a replay to T judges the facts stamped T, as
-    ``vigil audit --at T`` does."""
-    return end_ms is None or timestamp_ms <= end_ms
+def in_range(timestamp_ms: int, end_ms: int | None, lateness_ms: int = 0) -> bool:
+    """Whether a record stamped ``timestamp_ms`` is read by a replay that ends at ``end_ms``
+    (None: no end), with the allowed lateness ``lateness_ms``. The end is inclusive: a replay
+    to T judges the facts stamped T, as ``vigil audit --at T`` does. Records up to the
+    lateness after it are read too: an event stamped before the end but written within the
+    lateness after it is judged before the end live, and so here (one written later is late:
+    placed after the end, it stays held)."""
+    return end_ms is None or timestamp_ms <= end_ms + lateness_ms
 
 
 def end_ticks(
@@ -253,10 +256,8 @@ def replay_partitions(
             summary.outputs_written += len(emissions)
 
         unreported = 0
-        # Records are read up to the end plus the allowed lateness: an event stamped before
-        # the end but written within the lateness after it is judged before the end live, and
-        # so here (one written later is late: placed after the end, it stays held).
-        end_ms = _ms(end + settings.allowed_lateness) if end is not None else None
+        end_ms = _ms(end) if end is not None else None
+        lateness_ms = settings.allowed_lateness // timedelta(milliseconds=1)
         paused: set[tuple[str, int]] = set()
         while remaining:
             for msg in consumer.consume(CONSUME_BATCH, 1.0):
@@ -271,7 +272,7 @@ def replay_partitions(
                 if msg.offset() >= remaining[tp] - 1:
                     remaining.pop(tp)
                 ts = msg.timestamp()[1]
-                if not in_range(ts, end_ms):
+                if not in_range(ts, end_ms, lateness_ms):
                     remaining.pop(tp, None)  # this partition has gone past the end time
                     continue
                 env = open_envelope(

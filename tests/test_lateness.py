@@ -383,3 +383,33 @@ def test_a_lateness_shorter_than_the_delay_still_finds_the_events_late() -> None
     got = run(live, allowed_lateness=timedelta(minutes=1))
     assert_the_rule(got)
     assert got.by_id == run(live).by_id
+
+
+def test_a_replay_to_t_reads_what_may_still_be_judged_before_t() -> None:
+    """``vigil replay --to T`` with a lateness L reads each topic partition up to its first
+    record stamped after T + L, then closes the range with ticks just past T + L: an ACK
+    stamped before T, written within L after records stamped past T, is judged before T as
+    the live run judges it (ACKNOWLEDGED, no reply timeout), not left out."""
+    from streams.replay import end_ticks, in_range
+
+    lateness, end = timedelta(minutes=1), at(40)
+    ack = written()[7]  # the SENT, due at +35
+    reply = ack.model_copy(
+        update={"event_id": "ack", "kind": K.ACKNOWLEDGED, "occurred_at": at(30)}
+    )
+    _, log = build_log(
+        [*WRITTEN[:7], ack, Tick(20), Tick(60), reply, Tick(80), Tick(120), Tick(200)]
+    )
+    proc = Processor(TOPICS, Stores(), allowed_lateness=lateness)
+    out: list[Record] = []
+    end_ms, lateness_ms = int(end.timestamp() * 1000), 60_000
+    for topic in INPUTS:  # a replay may read the topics in any order
+        for e in log[topic]:
+            if not in_range(e.timestamp_ms, end_ms, lateness_ms):
+                break
+            out += [em.record for em in proc.handle(e)]
+    for e in end_ticks(TOPICS, None, end, lateness):
+        out += [em.record for em in proc.handle(e)]
+    states = [r for r in out if isinstance(r, OperationState)]
+    assert [s.status for s in states] == [OperationStatus.SENT, OperationStatus.ACKNOWLEDGED]
+    assert not [r for r in out if isinstance(r, ReconciliationWorkItem)]
