@@ -200,6 +200,8 @@ class Broker:
     acked: dict[TP, set[int]] = field(default_factory=lambda: defaultdict(set))
     published: Published = field(default_factory=Published)
     topics: Topics = TOPICS
+    #: further keyword arguments of the processor (its settings)
+    options: dict[str, Any] = field(default_factory=dict)
 
     def ack(self, envs: list[Envelope]) -> None:
         for e in envs:
@@ -215,6 +217,7 @@ class Broker:
             self.stores,
             write_behind=True,
             committed=lambda topic, p: self.committed[(topic, p)],
+            **self.options,
         )
         todo = [e for e in self.order if e.offset >= self.committed[(e.topic, e.partition)]]
         for n, start in enumerate(range(0, len(todo), batch)):
