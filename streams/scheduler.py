@@ -267,13 +267,11 @@ class Scheduler:
         """When an input event at ``t_ms`` is judged (``core.clock.placed_at``), from its own
         topic partition's time as read up to it: a fact of the log, the same for every reader
         whatever the interleaving of topics. Called before ``observe`` takes it in."""
-        topic, partition = env.topic, env.partition
-        if topic not in self.rank:
-            return t_ms
+        partition = env.partition
         maxima = self.maxima.get(partition)
         if maxima is None:
             maxima = self._maxima(partition)
-        return placed_at(t_ms, maxima.get(topic), self.lateness_ms)
+        return placed_at(t_ms, maxima.get(env.topic), self.lateness_ms)  # None: not an input
 
     def observe(self, env: Envelope, t_ms: int) -> int | None:
         """Take an input's event time into its partition's clock; returns the new watermark
