@@ -508,6 +508,7 @@ DOMAIN_SETTINGS = {
     "closed_retention": ("VIGIL_CLOSED_RETENTION", False),
     "orphan_after": ("VIGIL_ORPHAN_AFTER", False),
     "max_future_skew": ("VIGIL_MAX_FUTURE_SKEW", False),
+    "allowed_lateness": ("VIGIL_ALLOWED_LATENESS", False),
 }
 
 
