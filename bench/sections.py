@@ -138,6 +138,7 @@ def _processor(settings: Settings, dep: h.Deployment, *, write_behind: bool = Fa
         Stores(),
         write_behind=write_behind,
         max_future_skew=settings.max_future_skew,
+        allowed_lateness=settings.allowed_lateness,
         operation_config=pol.operations,
         thresholds=pol.thresholds,
         policies=pol.approval_policies,

@@ -12,9 +12,11 @@ same way with plain dicts as stores. Three parts, each in its own module:
   dead letters about inputs, into ``Emission``s with their topic, key and headers.
 
 Stream time and decisions: a partition's watermark is the minimum over the input topics of
-the largest event time seen on each (ticks included). Timeouts and verdicts are decided only
-for times strictly before the watermark, and stamped with the exact deadline or change point,
-so neither the interleaving of topics nor the phase of the ticker changes any answer.
+the largest event time seen on each (ticks included), minus the allowed lateness. Timeouts and
+verdicts are decided only for times strictly before the watermark, and stamped with the exact
+deadline or change point; an event written behind newer records of its own topic partition
+is placed by that topic partition's time, never by how far the other topics have been read.
+So neither the interleaving of topics nor the phase of the ticker changes any answer.
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ class Processor:
         stores: Stores,
         *,
         max_future_skew: timedelta = timedelta(hours=1),
+        allowed_lateness: timedelta = timedelta(0),
         operation_config: ops.OperationConfig | None = None,
         thresholds: ap.ThresholdSet | None = None,
         policies: dict[str, ap.ThresholdOverrides] | None = None,
@@ -153,7 +156,10 @@ class Processor:
         )
         #: execution id -> partition (murmur2 of the id), memoised: several lookups per event
         self._partitions: dict[str, int] = {}
-        self.scheduler = Scheduler(self.input_names, stores.clocks, self._timers)
+        self.allowed_lateness = allowed_lateness
+        self.scheduler = Scheduler(
+            self.input_names, stores.clocks, self._timers, allowed_lateness // ONE_MS
+        )
         self.emitter = Emitter(
             topics,
             self.state.traces,
@@ -178,6 +184,7 @@ class Processor:
             stores,
             **live,
             max_future_skew=settings.max_future_skew,
+            allowed_lateness=settings.allowed_lateness,
             operation_config=policies.operations,
             thresholds=policies.thresholds,
             policies=policies.approval_policies,
@@ -304,15 +311,14 @@ class Processor:
             scheduler.done(token)
             out.append(self.emitter.anomaly(env, record, refusal))
             return out
-        watermark = scheduler.watermark(env.partition)
-        if watermark is not None and t_ms < watermark:
-            # Behind the watermark: its time has been judged already. Applied at once (it is
-            # still a fact); its effect shows from the next evaluated instant.
+        # Placed by its own topic partition's time (a fact of the log, the same in every run
+        # and replay): at its event time, or, when it is more than the allowed lateness
+        # behind, late and at that time minus the lateness. Never behind the watermark, so it
+        # is held and applied in order with the deadlines around it (docs/rules.md#time).
+        placed = scheduler.place(env, t_ms)
+        if placed != t_ms:
             self.counters.late += 1
-            self._apply(env, record, out)
-            scheduler.done(token)
-        else:
-            scheduler.hold(env, t_ms, token)
+        scheduler.hold(env, placed, token)
         self._observe(env, t_ms, out)
         return out
 

@@ -22,7 +22,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -94,16 +94,26 @@ def shares(partitions: int, processes: int) -> list[list[int]]:
     return [list(range(i, partitions, n)) for i in range(n)]
 
 
-def in_range(timestamp_ms: int, end_ms: int | None) -> bool:
-    """Whether a record stamped ``timestamp_ms`` belongs to a replay that ends at ``end_ms``
-    (None: no end). The end is inclusive: a replay to T judges the facts stamped T, as
-    ``vigil audit --at T`` does."""
-    return end_ms is None or timestamp_ms <= end_ms
+def in_range(timestamp_ms: int, end_ms: int | None, lateness_ms: int = 0) -> bool:
+    """Whether a record stamped ``timestamp_ms`` is read by a replay that ends at ``end_ms``
+    (None: no end), with the allowed lateness ``lateness_ms``. The end is inclusive: a replay
+    to T judges the facts stamped T, as ``vigil audit --at T`` does. Records up to the
+    lateness after it are read too: an event stamped before the end but written within the
+    lateness after it is judged before the end live, and so here (one written later is late:
+    placed after the end, it stays held)."""
+    return end_ms is None or timestamp_ms <= end_ms + lateness_ms
 
 
-def end_ticks(inputs: Topics, partitions: Collection[int] | None, end: datetime) -> list[Envelope]:
-    """What closes a replay to ``end``: a tick one millisecond past it on every input topic
-    of every partition replayed (``None``: all), handed to the processor and written nowhere.
+def end_ticks(
+    inputs: Topics,
+    partitions: Collection[int] | None,
+    end: datetime,
+    lateness: timedelta = timedelta(0),
+) -> list[Envelope]:
+    """What closes a replay to ``end``: a tick one millisecond past ``end`` + ``lateness``
+    (the allowed lateness, by which the watermark trails the topics' times) on every input
+    topic of every partition replayed (``None``: all), handed to the processor and written
+    nowhere.
 
     The watermark then passes ``end``, so everything at or before it is decided in
     event-time order, events before deadlines at equal times: an answer stamped ``end``
@@ -111,7 +121,7 @@ def end_ticks(inputs: Topics, partitions: Collection[int] | None, end: datetime)
     Nothing is stamped after ``end``: the processor stamps outputs with the event's time or
     the deadline's. The replay's last verdict on a request is therefore the evaluator's
     verdict at ``end`` on the facts up to ``end``, which is what ``vigil audit --at`` gives."""
-    after_ms = _ms(end) + 1
+    after_ms = _ms(end + lateness) + 1
     after = datetime.fromtimestamp(after_ms / 1000, UTC)
     return [
         Envelope(
@@ -247,6 +257,7 @@ def replay_partitions(
 
         unreported = 0
         end_ms = _ms(end) if end is not None else None
+        lateness_ms = settings.allowed_lateness // timedelta(milliseconds=1)
         paused: set[tuple[str, int]] = set()
         while remaining:
             for msg in consumer.consume(CONSUME_BATCH, 1.0):
@@ -261,7 +272,7 @@ def replay_partitions(
                 if msg.offset() >= remaining[tp] - 1:
                     remaining.pop(tp)
                 ts = msg.timestamp()[1]
-                if not in_range(ts, end_ms):
+                if not in_range(ts, end_ms, lateness_ms):
                     remaining.pop(tp, None)  # this partition has gone past the end time
                     continue
                 env = open_envelope(
@@ -306,7 +317,7 @@ def replay_partitions(
         if end is not None:
             # Decide everything up to the end time: the end is data the operator gave, the
             # same for every replay of this range.
-            for env in end_ticks(inputs, partitions, end):
+            for env in end_ticks(inputs, partitions, end, settings.allowed_lateness):
                 emit(processor.handle(env))
         processor.flush()
         processor.flush_clocks()

@@ -1,11 +1,12 @@
 """The event-time scheduler: when each held event and each deadline is processed.
 
 Per partition it keeps the partition clock (the largest event time seen on each input topic;
-the watermark is their minimum), the events held until the watermark passes their time, and a
-heap of due times (execution id and when its books next need advancing). ``release`` gives,
-in time order, every held event and every due time strictly before a new watermark; the
-processor applies or advances each. At equal times events go first: an answer stamped at its
-deadline is in time.
+the watermark is their minimum, minus the allowed lateness), the events held until the
+watermark passes the instant each is placed at (``place``: its own time, or, for a late event,
+its topic partition's time minus the lateness), and a heap of due times (execution id and when
+its books next need advancing). ``release`` gives, in time order, every held event and every
+due time strictly before a new watermark; the processor applies or advances each. At equal
+times events go first: an answer stamped at its deadline is in time.
 
 Times are integer epoch milliseconds throughout (event times, watermarks, due times), as in the
 core: a record's time is converted once, where the processor reads it. Each partition's clock
@@ -28,7 +29,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from streams.contracts.envelope import Envelope
-from streams.core.clock import PartitionClock
+from streams.core.clock import PartitionClock, placed_at, watermark_ms
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ONE_MS = timedelta(milliseconds=1)
@@ -42,9 +43,10 @@ def epoch_ms(t: datetime) -> int:
 
 
 class HeldEvent(NamedTuple):
-    """An event waiting for its partition's watermark. Ordered as released: by event time,
-    then input topic rank, offset and arrival (``seq`` is unique, so ``env`` and ``token``
-    are never compared)."""
+    """An event waiting for its partition's watermark. Ordered as released: by the instant it
+    is placed at (its event time unless it is late, ``Scheduler.place``), then input topic
+    rank, offset and arrival (``seq`` is unique, so ``env`` and ``token`` are never
+    compared)."""
 
     time_ms: int
     rank: int
@@ -96,19 +98,22 @@ class Scheduler:
         input_names: tuple[str, ...],
         clocks: MutableMapping[str, Any],
         timers: Callable[[int], Timers],
+        lateness_ms: int = 0,
     ) -> None:
         """``clocks``: the table of stored partition clocks (partition number as text -> a
         clock's JSON); ``timers``: a partition's due times from the tables, asked once per
-        partition after every ``forget``."""
+        partition after every ``forget``; ``lateness_ms``: how far an event may be behind its
+        own topic partition's time and still be judged at its own time (``place``)."""
         self.input_names = input_names
+        self.lateness_ms = lateness_ms
         self.store = clocks
         self.timers = timers
         self.rank = {name: i for i, name in enumerate(input_names)}
         #: per partition, the largest event time read on each input topic (epoch ms), as read
         #: so far; updated in place
         self.maxima: dict[int, dict[str, int]] = {}
-        #: per partition, the minimum of ``maxima`` once every input topic is in it, else
-        #: absent: the watermark, kept as the maxima move (it only rises)
+        #: per partition, the minimum of ``maxima`` minus the lateness once every input topic
+        #: is in it, else absent: the watermark, kept as the maxima move (it only rises)
         self.watermarks: dict[int, int] = {}
         #: the clock of each partition as last stored (or restored): acknowledged records only
         self.saved: dict[int, PartitionClock] = {}
@@ -158,7 +163,8 @@ class Scheduler:
 
     # -- held events and tokens -------------------------------------------------------------
     def hold(self, env: Envelope, time_ms: int, token: Any) -> None:
-        """Keep an event until its partition's watermark passes ``time_ms``."""
+        """Keep an event until its partition's watermark passes ``time_ms`` (where ``place``
+        put it)."""
         self.seq += 1
         topic, partition, offset = env.topic, env.partition, env.offset
         where = (topic, partition)
@@ -195,7 +201,7 @@ class Scheduler:
         if newest is None:
             return False
         watermark = self.watermarks.get(partition)
-        return watermark is None or newest > watermark
+        return watermark is None or newest - self.lateness_ms > watermark
 
     # -- due times --------------------------------------------------------------------------
     def schedule(self, partition: int, at_ms: int, execution_id: str) -> None:
@@ -257,6 +263,16 @@ class Scheduler:
         if newest is None or at_ms > newest:
             self.last_tick[(topic, partition)] = at_ms
 
+    def place(self, env: Envelope, t_ms: int) -> int:
+        """When an input event at ``t_ms`` is judged (``core.clock.placed_at``), from its own
+        topic partition's time as read up to it: a fact of the log, the same for every reader
+        whatever the interleaving of topics. Called before ``observe`` takes it in."""
+        partition = env.partition
+        maxima = self.maxima.get(partition)
+        if maxima is None:
+            maxima = self._maxima(partition)
+        return placed_at(t_ms, maxima.get(env.topic), self.lateness_ms)  # None: not an input
+
     def observe(self, env: Envelope, t_ms: int) -> int | None:
         """Take an input's event time into its partition's clock; returns the new watermark
         when it moved forward (then ``release`` has work), else None."""
@@ -280,9 +296,9 @@ class Scheduler:
         if before is None:
             if len(maxima) < len(self.input_names):
                 return None
-        elif newest != before:
+        elif newest is not None and newest - self.lateness_ms != before:
             return None  # another topic holds the minimum: it stays
-        after = min(maxima.values())
+        after = watermark_ms(tuple(maxima.values()), self.lateness_ms)
         if after == before:
             return None
         self.watermarks[partition] = after
@@ -300,7 +316,7 @@ class Scheduler:
         maxima = {} if clock is None else {topic: epoch_ms(t) for topic, t in clock.maxima}
         self.maxima[partition] = maxima
         if len(maxima) == len(self.input_names):
-            self.watermarks[partition] = min(maxima.values())
+            self.watermarks[partition] = watermark_ms(tuple(maxima.values()), self.lateness_ms)
         return maxima
 
     @property

@@ -94,6 +94,7 @@ DOMAIN_DURATIONS = {
     "verify_timeout": ("VIGIL_VERIFY_TIMEOUT", True),
     "orphan_after": ("VIGIL_ORPHAN_AFTER", False),
     "max_future_skew": ("VIGIL_MAX_FUTURE_SKEW", False),
+    "allowed_lateness": ("VIGIL_ALLOWED_LATENESS", False),
 }
 
 
@@ -185,6 +186,7 @@ class _Environment(BaseSettings):
     policies_file: str | None = _var("VIGIL_POLICIES_FILE")
     orphan_after: Duration = _var("VIGIL_ORPHAN_AFTER", "1h")
     max_future_skew: Duration = _var("VIGIL_MAX_FUTURE_SKEW", "1h")
+    allowed_lateness: Duration = _var("VIGIL_ALLOWED_LATENESS", "0s")
     api_token: str | None = _var("VIGIL_API_TOKEN")
     sse_keepalive: PositiveDuration = _var("VIGIL_SSE_KEEPALIVE", "15s")
     batch_size: Count = _var("VIGIL_BATCH_SIZE", 5000)
@@ -321,6 +323,13 @@ class Settings:
     #: VIGIL_MAX_FUTURE_SKEW — events further ahead of their partition's stream time are
     #: anomalies (a producer clock gone wrong must not drag stream time forward).
     max_future_skew: timedelta = timedelta(hours=1)
+    #: VIGIL_ALLOWED_LATENESS — how far an event may sit behind its own topic partition's time
+    #: (the largest event time written before it there, ticks included) and still be judged at
+    #: its own time. Every decision waits this long in stream time for such stragglers; an
+    #: event further behind is late, and takes its place at that time minus the lateness
+    #: (docs/rules.md#time). Zero by default: nothing waits, and an event written behind any
+    #: newer record of its topic partition is late.
+    allowed_lateness: timedelta = timedelta(0)
     #: VIGIL_API_TOKEN — when set, every HTTP endpoint wants "Authorization: Bearer <token>".
     api_token: str | None = field(default=None, repr=False)
     #: VIGIL_SSE_KEEPALIVE — time between keep-alive comments on idle SSE streams (a bare

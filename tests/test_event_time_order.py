@@ -199,6 +199,9 @@ class Broker:
     committed: dict[TP, int] = field(default_factory=lambda: defaultdict(int))
     acked: dict[TP, set[int]] = field(default_factory=lambda: defaultdict(set))
     published: Published = field(default_factory=Published)
+    topics: Topics = TOPICS
+    #: further keyword arguments of the processor (its settings)
+    options: dict[str, Any] = field(default_factory=dict)
 
     def ack(self, envs: list[Envelope]) -> None:
         for e in envs:
@@ -210,10 +213,11 @@ class Broker:
     def run(self, batch: int, crash_at: tuple[int, str] | None) -> None:
         """Deliver every record from the committed offsets, in the read order."""
         proc = Processor(
-            TOPICS,
+            self.topics,
             self.stores,
             write_behind=True,
             committed=lambda topic, p: self.committed[(topic, p)],
+            **self.options,
         )
         todo = [e for e in self.order if e.offset >= self.committed[(e.topic, e.partition)]]
         for n, start in enumerate(range(0, len(todo), batch)):

@@ -152,3 +152,13 @@ def test_a_scrape_with_100k_in_flight_decodes_nothing(
     # the scrape reads counters and the last counts: well under a batch's time even on a
     # loaded machine (the count itself, off the loop, takes seconds here)
     assert per_scrape < 0.05, per_scrape
+
+
+def test_the_watermark_delay_counts_the_allowed_lateness() -> None:
+    """With a lateness the watermark trails the topics' times by it: decisions due now are
+    taken that much later, and the gauge says so."""
+    proc = Processor(TOPICS, Stores(), allowed_lateness=timedelta(minutes=2))
+    ticks(proc, T0)
+    delay = samples(Metrics(proc, dict))[("vigil_watermark_delay_seconds", (("partition", "0"),))]
+    expected = time.time() - (T0 - timedelta(minutes=2)).timestamp()
+    assert abs(delay - expected) < 2

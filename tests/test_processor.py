@@ -29,6 +29,7 @@ from streams.contracts.models.outputs import (
 from streams.kafka.partitioning import partition_of
 from streams.kafka.topics import Topics
 from streams.processor import Processor, Stores
+from streams.scheduler import epoch_ms, from_ms
 from streams.settings import Settings
 
 T0 = datetime(2026, 7, 26, 16, 0, tzinfo=UTC)
@@ -82,9 +83,12 @@ def proc() -> Processor:
 
 
 def handle(proc: Processor, record: Record, **kw) -> list[Record]:
-    """One record, then ticks just past its time: the watermark releases it."""
-    out = [e.record for e in proc.handle(env(record, **kw))]
-    return out + ticks(proc, record.occurred_at + timedelta(milliseconds=1))
+    """One record, then ticks just past the instant it is placed at (its time, or, written
+    behind the ticks of its topic, theirs: docs/rules.md#time): the watermark releases it."""
+    e = env(record, **kw)
+    placed = from_ms(proc.scheduler.place(e, epoch_ms(record.occurred_at)))
+    out = [em.record for em in proc.handle(e)]
+    return out + ticks(proc, placed + timedelta(milliseconds=1))
 
 
 def test_quiet_partition_times_out_by_ticks_alone(proc: Processor) -> None:
@@ -262,14 +266,23 @@ def test_closed_executions_are_forgotten_after_the_retention() -> None:
 
 def test_restart_keeps_stream_time_so_redelivered_events_need_no_new_ticks() -> None:
     """Ticks already acknowledged are not delivered again after a restart: the partition's
-    clock is kept in a table, so the events Kafka delivers again are not stuck waiting."""
+    clock is kept in a table, so an event Kafka delivers again is not stuck waiting for the
+    other topics to tick again; its own topic's next record releases it, as it would have."""
     stores = Stores()
-    first = Processor(TOPICS, stores)
+    first = Processor(TOPICS, stores, write_behind=True)
     event = sent("op-1", reply_due_at=T0 + timedelta(seconds=30))
-    first.handle(env(event))  # held, never acknowledged
     ticks(first, T0 - timedelta(seconds=1))  # the watermark exists, but is before the event
-    ticks(first, T0 + timedelta(minutes=1))
+    held = env(event)
+    p = held.partition
+    first.handle(held)  # held, never acknowledged
+    for spec in TOPICS.inputs():  # the other topics move on, acknowledged
+        if spec.name != held.topic:
+            tick = ClockTick(ticker_id="t", partition=p, occurred_at=T0 + timedelta(minutes=1))
+            assert first.handle(env(tick, spec.name, key="", partition=p)) == []
+    first.flush()
+    first.flush_clocks()
     second = Processor(TOPICS, stores)  # restart: memory gone, tables kept
-    del second.operations["ex-1"]  # as if the event's effect had not reached the changelog
-    out = [e.record for e in second.handle(env(event))]  # Kafka delivers it again
+    out = [e.record for e in second.handle(held)]  # Kafka delivers it again
+    tick = ClockTick(ticker_id="t", partition=p, occurred_at=T0 + timedelta(minutes=1))
+    out += [e.record for e in second.handle(env(tick, held.topic, key="", partition=p))]
     assert any(isinstance(r, OperationState) for r in out)

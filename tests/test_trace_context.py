@@ -255,7 +255,9 @@ def test_outputs_without_a_trace_are_the_old_bytes_plus_one_null() -> None:
     proc = Processor(TOPICS, Stores())
     records = [e.record for e in play(demo_scenario(), proc)]
     first = next(s for s in demo_scenario() if isinstance(s, ExecutionStatusChanged))
-    records += [e.record for e in proc.handle(env(first))]  # a duplicate: an anomaly
+    # a duplicate, an anomaly: written late, it is judged once time passes its topic's
+    end = max(s.at for s in demo_scenario() if isinstance(s, Tick)) + timedelta(minutes=1)
+    records += [e.record for e in play([first, Tick(end)], proc)]
     topic = TOPICS.execution_status.name
     undecodable = Envelope(topic, 0, 10**6, 1_700_000_000_000, b"k", b"\x00?", None, "bad")
     records += [e.record for e in proc.handle(undecodable)]  # a dead letter

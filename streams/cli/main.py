@@ -605,7 +605,9 @@ def replay(
             "--to",
             help="Replay up to and including this time: records stamped at it are read and "
             "every decision due at or before it is taken (events first at equal times), so "
-            "the last verdicts are those of `vigil audit --at` this time.",
+            "the last verdicts are those of `vigil audit --at` this time. With "
+            "VIGIL_ALLOWED_LATENESS, records up to that much later are read too (an event "
+            "stamped before the end may be written that late and still count).",
         ),
     ] = None,
     output_suffix: Annotated[

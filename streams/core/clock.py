@@ -16,14 +16,24 @@ only taken once *every* input of the partition has gone past T. If each topic pa
 time order, every event at or before T has then been seen, whichever topic it came from and
 whatever the interleaving, so the live run and any replay take the same decision on the same
 evidence. Taking the maximum instead would let a fast topic fire a timeout while the answer
-that prevents it is still waiting, unread, on a slower topic. An event that arrives with a
-time below the watermark is *late* (``is_late``): decisions it could have changed may already
-have been taken, and the shell reports it instead of silently rewriting the past.
+that prevents it is still waiting, unread, on a slower topic.
+
+That argument needs each topic partition in time order, and a producer may write an event
+after newer records of its topic partition (a reply sent minutes after the ticks that passed
+its deadline). Whether such an event is *late* must not depend on how far the worker has read
+the *other* topics, or a replay, reading them at another pace, would judge it otherwise. So
+lateness is measured against the event's own topic partition, which every reader reads in the
+same order: its **topic time** is the largest event time written before it there (ticks
+included), a fact of the log. An event more than the allowed lateness behind its topic time is
+late, and is placed at that topic time minus the lateness (``placed_at``); the watermark is the
+minimum of the topic times minus the lateness (``watermark_ms``). Every event is then placed no
+earlier than the watermark as it is read, whatever the interleaving, so the held events and
+the deadlines between them are processed in one order in every run and every replay.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from operator import itemgetter
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, field_validator, model_validator
@@ -31,6 +41,32 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, field_validator, mode
 from streams.contracts.models.base import construct
 
 _time = itemgetter(1)
+
+
+def placed_at(event_ms: int, topic_time_ms: int | None, lateness_ms: int) -> int:
+    """The instant (epoch ms) at which an event is judged, from facts of its own topic
+    partition: its event time, unless that is more than ``lateness_ms`` behind the topic time
+    (the largest event time written before it on the same topic partition, None for the
+    first record), in which case it is late and judged at the topic time minus the lateness.
+
+    Why the topic time and not the watermark: the watermark depends on how far the other
+    topics have been read, which differs between a live run and a replay; the records before
+    an event on its own topic partition are the same for every reader. Why not rewrite the
+    past instead: decisions the event could have changed (a reply deadline, a grace period)
+    may have been published already; a late event is applied as a fact, after them.
+    """
+    if topic_time_ms is None:
+        return event_ms
+    floor = topic_time_ms - lateness_ms
+    return event_ms if event_ms >= floor else floor
+
+
+def watermark_ms(topic_times: list[int] | tuple[int, ...], lateness_ms: int) -> int:
+    """The partition's watermark from its topics' times: their minimum, minus the lateness.
+
+    An event is never placed before its own topic's time minus the lateness, so no event read
+    later can be placed before this instant: what lies strictly before it can be decided."""
+    return min(topic_times) - lateness_ms
 
 
 class PartitionClock(BaseModel):
@@ -150,13 +186,19 @@ class PartitionClock(BaseModel):
         watermark = self.watermark
         return watermark is not None and watermark > t
 
-    def is_late(self, t: datetime) -> bool:
-        """Whether an event at ``t`` arrives behind the watermark (``t < watermark``).
+    def placed_at(self, topic: str, t: datetime, lateness: timedelta) -> datetime:
+        """When an event of ``topic`` at ``t``, read now, is judged (``placed_at``): ``t``,
+        or its topic time minus ``lateness`` when it is further behind than that."""
+        topic_time = self.max_for(topic)
+        if topic_time is None or t >= topic_time - lateness:
+            return t
+        return topic_time - lateness
 
-        A decision due at ``d`` is taken once the watermark is past ``d``; an event with
-        ``t <= d`` arriving after that is exactly an event with ``t < watermark``, i.e. one
-        that may have missed a decision it mattered to. Before the watermark exists nothing is
-        late.
+    def is_late(self, t: datetime) -> bool:
+        """Whether an event at ``t`` is behind the watermark (``t < watermark``), i.e. a
+        decision it mattered to may have been taken. The shell never lets an event be judged
+        behind the watermark: it places it (``placed_at``) first. Before the watermark exists
+        nothing is behind it.
         """
         watermark = self.watermark
         return watermark is not None and t < watermark

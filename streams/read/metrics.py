@@ -73,9 +73,10 @@ class VigilCollector:
         quarantined.add_metric([], c.quarantined)
         yield quarantined
         late = CounterMetricFamily(
-            "vigil_events_behind_watermark",
-            "Events that arrived behind their partition's watermark and were applied at once: "
-            "a producer writing out of time order, or ticks ahead of the producers' clocks",
+            "vigil_events_late",
+            "Events written more than VIGIL_ALLOWED_LATENESS behind their own topic "
+            "partition's time (the newest event time before them there, ticks included), "
+            "judged at that time: a producer writing late, or ticks ahead of its clock",
         )
         late.add_metric([], c.late)
         yield late
@@ -172,14 +173,15 @@ class VigilCollector:
         delay = GaugeMetricFamily(
             "vigil_watermark_delay_seconds",
             "Wall-clock time minus the partition's watermark (the oldest of its input topics' "
-            "newest event times): how far behind decisions due now are taken. Absent until "
-            "every input topic of the partition has been read",
+            "newest event times, less VIGIL_ALLOWED_LATENESS): how far behind decisions due "
+            "now are taken. Absent until every input topic of the partition has been read",
             labels=["partition"],
         )
+        lateness = p.allowed_lateness.total_seconds()
         for partition, clock in sorted(p.clocks.items()):
             watermark = clock.watermark
             if watermark is not None:
-                delay.add_metric([str(partition)], now - watermark.timestamp())
+                delay.add_metric([str(partition)], now - watermark.timestamp() + lateness)
         yield delay
         age = GaugeMetricFamily(
             "vigil_tick_age_seconds",
