@@ -17,11 +17,29 @@ docs/rules.md#approval-waits.
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
+from datetime import timedelta
 from types import ModuleType
 
 from streams.contracts.models.enums import DecisionCode
 
-__all__ = ["MissingExtra", "decision_code", "require"]
+__all__ = ["Approval", "MissingExtra", "decision_code", "require"]
+
+
+@dataclass(frozen=True)
+class Approval:
+    """Who decides an action that needs approval, and under which policy: the request's
+    fields (docs/rules.md#the-four-proofs, docs/rules.md#thresholds). ``risk`` is ``"low"``
+    or ``"high"`` (a HIGH request needs the approver's acknowledgement for a verified route);
+    the durations are ``timedelta`` or seconds, none: the policy's or vigil's defaults."""
+
+    approver: str | None = None
+    risk: str = "low"
+    policy: str | None = None
+    expires: timedelta | float | None = None
+    grace: timedelta | float | None = None
+    heartbeat_fresh: timedelta | float | None = None
+    delivery_deadline: timedelta | float | None = None
 
 
 class MissingExtra(ImportError):

@@ -51,7 +51,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
-from streams.adapters import require
+from streams.adapters import Approval, require
 from streams.contracts.models.enums import DecisionCode, ExecutionStatus
 from streams.recorder import ApprovalRun, ExecutionRun, OperationRun
 
@@ -95,20 +95,6 @@ class Effect:
             return self.idempotency_key(arguments)
         value = arguments.get(self.idempotency_key)
         return None if value is None else str(value)
-
-
-@dataclass(frozen=True)
-class Approval:
-    """Who decides a tool call that needs approval, and under which policy (the request's
-    fields, docs/rules.md#the-four-proofs and #thresholds)."""
-
-    approver: str | None = None
-    risk: str = "low"
-    policy: str | None = None
-    expires: timedelta | float | None = None
-    grace: timedelta | float | None = None
-    heartbeat_fresh: timedelta | float | None = None
-    delivery_deadline: timedelta | float | None = None
 
 
 class StateStore(Protocol):
