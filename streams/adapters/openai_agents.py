@@ -223,10 +223,13 @@ class AgentsRecorder:
     def interrupted(self, result: Any) -> list[ApprovalRun]:
         """Records the requests of a result that stopped on interruptions (done by ``run``):
         saves its state (the resume handle), records WAITING_FOR_APPROVAL, one request per
-        pending call, and a heartbeat. Returns the requests' handles."""
+        pending call, and a heartbeat. Returns the requests' handles (again, without recording
+        anything, for a result already recorded)."""
         items = list(result.interruptions)
         if not items:
             return []
+        if all(self.request_id(item) in self._requests for item in items):
+            return [self._requests[self.request_id(item)] for item in items]
         state = result.to_state()
         self.state = state
         handle = (
