@@ -1,6 +1,6 @@
 """The processor: one input record in, the output records to publish out.
 
-It decodes nothing and sends nothing itself. The worker (``agents/pipeline.py``) hands it an
+It decodes nothing and sends nothing itself. The worker (``vigil_worker/pipeline.py``) hands it an
 ``Envelope`` and sends the ``Emission``s it returns; the replay path and tests drive it the
 same way with plain dicts as stores. Three parts, each in its own module:
 
