@@ -16,36 +16,16 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypedDict
 
+from streams.local.agent_cases import Case, ScriptClock
 from streams.recorder import Recorder
 
 FRAMEWORKS = ("langgraph", "openai-agents", "mcp")
 
-
-class ScriptClock:
-    """The recorder's clock, moved by the play (event time, not the wall clock)."""
-
-    def __init__(self, at: datetime) -> None:
-        self.at = at
-
-    def __call__(self) -> datetime:
-        return self.at
-
-    def advance(self, seconds: float) -> None:
-        self.at += timedelta(seconds=seconds)
-
-
-@dataclass(frozen=True)
-class Case:
-    """One execution of a play and the verdict vigil should reach on it."""
-
-    execution_id: str
-    what: str
-    expect: str
+__all__ = ["FRAMEWORKS", "PLAYS", "Case", "ScriptClock", "deploy_graph"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,9 +126,9 @@ def play_openai_agents(
 async def _play_openai_agents(
     recorder: Recorder, clock: ScriptClock, workdir: Path, prefix: str
 ) -> list[Case]:
+    from agents import Agent, RunConfig, function_tool
     from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 
-    from agents import Agent, RunConfig, function_tool
     from streams.adapters import Approval
     from streams.adapters.openai_agents import AgentsRecorder, Effect, FileStateStore
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from streams.adapters import Approval
 from streams.adapters.mcp import ElicitationRecorder
-from streams.local.agents import Case, ScriptClock
+from streams.local.agent_cases import Case, ScriptClock
 from streams.recorder import Recorder
 
 
