@@ -17,6 +17,8 @@ from streams.contracts.models.enums import (
     AlertKind,
     ApprovalVerdictCode,
     OperationStatus,
+    Proof,
+    ProofState,
     RetryVerdict,
     WorkItemKind,
 )
@@ -105,7 +107,7 @@ def test_langgraph_waiting_on_a_human_with_a_sqlite_checkpointer_is_waiting(
 ) -> None:
     v = verdict_of(judged, "e2e-lg-sqlite-waiting")
     assert v.verdict is ApprovalVerdictCode.WAITING
-    assert v.failed_proofs == []
+    assert v.failed_proofs == ()
 
 
 def test_the_same_graph_on_an_in_memory_saver_is_an_orphaned_wait(
@@ -115,7 +117,8 @@ def test_the_same_graph_on_an_in_memory_saver_is_an_orphaned_wait(
     durable resume handle, so the live-resume proof fails (NO_RESUME_HANDLE)."""
     v = verdict_of(judged, "e2e-lg-memory-waiting")
     assert v.verdict is ApprovalVerdictCode.ORPHANED_WAIT
-    assert [(p.proof, p.reason) for p in v.failed_proofs] == [("LIVE_RESUME", "NO_RESUME_HANDLE")]
+    failed = [(p.proof, p.reason) for p in v.failed_proofs if p.state is ProofState.FAILED]
+    assert failed == [(Proof.LIVE_RESUME, "NO_RESUME_HANDLE")]
 
 
 def test_langgraph_resumed_past_its_interrupt_is_resumed(judged: dict[str, Any]) -> None:
