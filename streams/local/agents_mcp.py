@@ -14,17 +14,28 @@ from streams.local.agent_cases import Case, ScriptClock
 from streams.recorder import Recorder
 
 
-async def play(recorder: Recorder, clock: ScriptClock, prefix: str) -> list[Case]:
-    server = MCPServer("payments")
+class Confirm(BaseModel):
+    """What the payments server asks the user to confirm."""
 
-    class Confirm(BaseModel):
-        confirm: bool
+    confirm: bool
+
+
+def payments_server() -> MCPServer:
+    """An MCP server whose ``refund`` tool asks the user (an elicitation) before it refunds,
+    and returns the user's answer."""
+    server = MCPServer("payments")
 
     @server.tool()
     async def refund(order_id: str, amount: int, ctx: Context) -> str:
         answer = await ctx.elicit(f"Refund {amount} on {order_id}?", Confirm)
         return answer.action
 
+    return server
+
+
+async def play(recorder: Recorder, clock: ScriptClock, prefix: str) -> list[Case]:
+    """The payments server called twice in process, the user's answers scripted."""
+    server = payments_server()
     cases = []
     for name, action, expect in (
         ("mcp-cancel", "cancel", "CLOSED_BY_CANCEL"),
