@@ -25,7 +25,7 @@ from streams.recorder import Recorder
 
 FRAMEWORKS = ("langgraph", "openai-agents", "mcp")
 
-__all__ = ["FRAMEWORKS", "PLAYS", "Case", "ScriptClock", "deploy_graph"]
+__all__ = ["FRAMEWORKS", "PLAYS", "Case", "ScriptClock", "deploy_graph", "play_live"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,3 +223,23 @@ PLAYS: dict[str, Callable[[Recorder, ScriptClock, Path, str], list[Case]]] = {
     "openai-agents": play_openai_agents,
     "mcp": play_mcp,
 }
+
+
+def play_live(framework: str, settings: Any, codec: Any, workdir: Path) -> list[Case]:
+    """``vigil demo --agent FRAMEWORK``: plays that framework's agent through a recorder on the
+    demo's topics, its clock starting five minutes ago (the runs' minutes are played in a
+    moment, then the demo's ticks bring time to now), and delivers every fact before it
+    returns the cases."""
+    from dataclasses import replace
+    from datetime import UTC, datetime
+
+    from streams.recorder import RecorderSettings
+
+    clock = ScriptClock(datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5))
+    options = replace(RecorderSettings(), spool_dir=str(workdir / "spool"))
+    recorder = Recorder(settings, recorder_settings=options, codec=codec, clock=clock)
+    try:
+        return PLAYS[framework](recorder, clock, workdir, f"{framework}-")
+    finally:
+        recorder.flush(30)
+        recorder.close()
