@@ -73,11 +73,51 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def outage(settings: Settings, codec: AvroCodec, facts: int) -> None:
+    """``facts`` recorded while the broker cannot be reached (a port nobody listens on):
+    how fast they reach the spool file; then a recorder on the real broker started on that
+    spool: how fast it replays them."""
+    spool = Path(tempfile.mkdtemp())
+    options = replace(
+        RecorderSettings(),
+        spool_dir=str(spool),
+        spool_after=timedelta(milliseconds=200),
+        queue_max=10_000,
+    )
+    down = Recorder(
+        replace(settings, bootstrap_servers="127.0.0.1:9"),
+        recorder_settings=options,
+        codec=codec,
+        exit_hook=False,
+    )
+    start = time.perf_counter()
+    for i in range(facts):
+        mix(down, 30_000_000 + i)
+    while down.counts.spooled < facts:
+        time.sleep(0.01)
+    spooled = time.perf_counter() - start
+    down.close(0)
+    up = Recorder(settings, recorder_settings=options, codec=codec, exit_hook=False)
+    start = time.perf_counter()
+    left = up.flush(600)
+    replayed = time.perf_counter() - start
+    counts = up.counts
+    up.close()
+    print(
+        f"outage: {facts} facts spooled at {facts / spooled:,.0f}/s "
+        f"({(spool / 'recorder.spool').stat().st_size if left else 0} bytes left); "
+        f"replayed by the next recorder at {counts.replayed / replayed:,.0f}/s, {left} left"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--facts", type=int, default=200_000)
     parser.add_argument("--pause-us", type=float, default=50.0)
+    parser.add_argument(
+        "--outage", type=int, default=0, help="also spool this many facts, then replay them"
+    )
     args = parser.parse_args()
 
     name = f"bench-recorder-{uuid.uuid4().hex[:6]}"
@@ -130,6 +170,8 @@ def main() -> None:
             f"/s; {left} left undelivered, {counts.spooled} spooled)"
         )
         print(f"counts: {counts}; wall clock {time.time() - clock_base:.0f} s")
+        if args.outage:
+            outage(settings, codec, args.outage)
     finally:
         from confluent_kafka.admin import AdminClient
 

@@ -505,3 +505,92 @@ def test_counts_are_exported_to_prometheus(offline: Recorder) -> None:
     after = REGISTRY.get_sample_value("vigil_recorder_facts_total", {"outcome": "recorded"})
     assert after == (before or 0) + 1
     assert REGISTRY.get_sample_value("vigil_recorder_backlog") is not None
+
+
+def test_an_unreadable_spool_line_is_rejected_not_sent_and_does_not_block(tmp_path: Path) -> None:
+    """A line this version cannot read (a newer record type, a torn edit) is copied to the
+    rejected file and said; the readable facts around it are sent and the spool drains."""
+    from streams.recorder.spool import line_of
+
+    spool = tmp_path / "r.spool"
+    facts = [f.requester_heartbeat("ex", T0 + timedelta(seconds=i)) for i in range(2)]
+    garbage = b'{"n": 9, "topic": "p.run-signals", "type": "FromTheFuture", "record": {}}\n'
+    spool.write_bytes(line_of(0, "p.run-signals", facts[0]) + garbage)
+    broker = FakeBroker()
+    broker.up = True
+    d = Delivery(
+        {},
+        FakeCodec(),
+        spool,
+        spool_after=0.02,  # type: ignore[arg-type]
+        producer_factory=broker.factory,
+    )
+    assert d.flush(5) == 0
+    assert not d.spooling  # the unreadable line last: the spool drains all the same
+    d.put(Fact(0, "p.run-signals", facts[1]))
+    assert d.flush(5) == 0
+    d.close(1)
+    assert broker.log == [r.event_id.encode() for r in facts]
+    assert (tmp_path / "r.spool.rejected").read_bytes() == garbage
+    assert spool.read_bytes() == b""
+
+
+def test_a_fatal_producer_error_hands_its_facts_to_a_new_producer(tmp_path: Path) -> None:
+    """An idempotent producer can fail for good: the first delivery report says so and the
+    producer reports nothing more. A new producer takes over and every fact arrives, in
+    order (a producer left holding them was never polled again, and they waited for ever)."""
+    broken_once = {"done": False}
+    broker = FakeBroker(capacity=100)
+    broker.up = True
+    healthy = broker.factory
+
+    def factory(conf: dict[str, Any]) -> Any:
+        producer = healthy(conf)
+        if broken_once["done"]:
+            return producer
+        broken_once["done"] = True
+
+        def poll(_timeout: float = 0) -> int:
+            if not producer.queue:
+                return 0
+            msg, cb = producer.queue.pop(0)  # the rest it keeps, and never reports
+            cb(KafkaError(KafkaError._FATAL, "fenced", fatal=True), msg)
+            return 1
+
+        producer.poll = poll
+        return producer
+
+    d = Delivery(
+        {},
+        FakeCodec(),
+        tmp_path / "r.spool",
+        spool_after=0.05,  # type: ignore[arg-type]
+        retry_max=0.05,
+        producer_factory=factory,
+    )
+    facts = [f.requester_heartbeat("ex", T0 + timedelta(seconds=i)) for i in range(6)]
+    for i, r in enumerate(facts):
+        d.put(Fact(i, "p.run-signals", r))
+    assert d.flush(5) == 0
+    d.close(1)
+    assert broker.log == [r.event_id.encode() for r in facts]
+
+
+def test_spooled_lines_are_fsynced_within_the_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line written is handed to the OS at once and fsynced by the first sync after the
+    interval, even when nothing more is written (it waited for the next write)."""
+    import os as os_module
+
+    synced: list[int] = []
+    real = os_module.fsync
+    monkeypatch.setattr("streams.recorder.spool.os.fsync", lambda fd: synced.append(fd) or real(fd))
+    spool = Spool(tmp_path / "r.spool", fsync_interval=0.05)
+    spool.append(0, "p.run-signals", f.requester_heartbeat("ex", T0))
+    spool.sync()
+    assert (tmp_path / "r.spool").read_bytes().count(b"\n") == 1  # with the OS already
+    time.sleep(0.06)
+    spool.sync()  # nothing new written since
+    assert synced
+    spool.close()

@@ -279,3 +279,59 @@ def test_the_exit_hook_delivers_what_an_agent_left_queued(cluster: Any, tmp_path
         == ["ExecutionStatusChanged"] + ["RequesterHeartbeat"] * 50
     )
     assert (tmp_path / "spool" / "recorder.spool").read_bytes() == b""
+
+
+def test_a_broker_lost_mid_stream_is_spooled_and_caught_up_in_order(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """Every connection of the recorder goes through a proxy that names itself as the broker
+    (``tests/kafka_proxy.py``). Facts flow, then the proxy cuts every connection while more
+    are recorded: the producer keeps them, then gives back what it has not sent and the rest
+    goes to the spool; healed, the producer's own and the spooled facts arrive, in order,
+    once each, with facts recorded meanwhile behind them."""
+    from tests.kafka_proxy import KafkaProxy
+
+    dep = deployment(cluster, tmp_path)
+    clock = Clock(T0)
+    recorded: dict[str, list[str]] = defaultdict(list)
+
+    def record(rec: Recorder, count: int) -> None:
+        for i in range(count):
+            ex = f"ex-{i % 4}"
+            clock.advance(seconds=1)
+            recorded[ex].append(rec.execution(ex).heartbeat().event_id)
+
+    with KafkaProxy(dep.settings.bootstrap_servers) as proxy:
+        rec = Recorder(
+            replace(dep.settings, bootstrap_servers=proxy.address),
+            recorder_settings=replace(
+                RecorderSettings(),
+                spool_dir=str(tmp_path / "spool"),
+                spool_after=timedelta(milliseconds=400),
+            ),
+            codec=dep.codec,
+            clock=clock,
+            producer_config={"reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 200},
+            exit_hook=False,
+        )
+        record(rec, 20)
+        assert rec.flush(30) == 0 and rec.counts.delivered == 20
+        # (a first connection slower than spool_after is an outage too, caught up already)
+        spooled, outages = rec.counts.spooled, rec.counts.outages
+        proxy.cut()
+        record(rec, 40)
+        assert rec.flush(1.5) == 40
+        assert rec.spooling and rec.counts.spooled == spooled + 40
+        assert rec.counts.outages == outages + 1
+        proxy.heal()
+        record(rec, 10)
+        assert rec.flush(60) == 0
+        assert not rec.spooling
+        assert rec.counts.delivered == 70
+        rec.close()
+
+    got = dep.read([dep.topics.run_signals.name], idle=1.5)
+    seen: dict[str, list[str]] = defaultdict(list)
+    for r in got:
+        seen[r.record.execution_id].append(r.record.event_id)  # type: ignore[union-attr]
+    assert dict(seen) == dict(recorded)

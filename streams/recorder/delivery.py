@@ -24,11 +24,13 @@ while it was in flight may have reached the broker; it is then sent again with t
 id, which the worker reads as one fact.
 
 Facts the broker refuses for good (too large, invalid) are not retried: each is written to
-``<spool>.rejected`` and logged as an error, and counted.
+``<spool>.rejected`` and logged as an error, and counted. A producer that fails for good (a
+fatal error of the idempotent producer) is replaced, and every fact it held is back in line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import queue
@@ -139,6 +141,8 @@ class Delivery:
         self._batch: _Batch | None = None
         #: while a take-back collects the facts the producer gives back (else None)
         self._collect: list[Fact] | None = None
+        #: a delivery report that starts spooling, acted on after the poll that gave it
+        self._spool_because: str | None = None
         self._next_replay = 0.0
         self._failures = 0
         self._outage_since: float | None = None
@@ -180,12 +184,14 @@ class Delivery:
             while True:
                 left = self.backlog_locked()
                 remaining = deadline - time.monotonic()
-                if left == 0 or remaining <= 0 or not self._thread.is_alive():
+                # done once nothing is left and the spool is emptied (its last batch settled)
+                caught_up = left == 0 and not self.spooling
+                if caught_up or remaining <= 0 or not self._thread.is_alive():
                     return left
                 self._idle.wait(min(remaining, 0.05))
 
     def backlog_locked(self) -> int:
-        in_line = len(self._head) + self.spool.backlog
+        in_line = len(self._head) + self.spool.backlog + len(self._collect or ())
         return self._queued + in_line + len(self._pending)
 
     def close(self, timeout: float) -> int:
@@ -210,6 +216,9 @@ class Delivery:
     def _step(self) -> None:
         took = self._take(timeout=0.02 if not self._pending else 0.005)
         self._producer.poll(0)
+        if self._spool_because is not None:
+            why, self._spool_because = self._spool_because, None
+            self._start_spooling(why)
         now = time.monotonic()
         if self._pending:
             # insertion order is age order (a take-back restamps them all alike)
@@ -286,8 +295,7 @@ class Delivery:
             self._reject(entry.fact, err)
             ok = True  # settled: not retried, not lost (written to the rejected file)
         elif err is not None and err.fatal():
-            log.error("recorder: producer failed for good (%s); starting a new one", err)
-            self._producer = self._factory(self.producer_conf)
+            self._replace_producer(err)
         if err is None:
             self.counts.delivered += 1
             if entry.origin != "direct":
@@ -305,7 +313,30 @@ class Delivery:
             self._head.sort(key=lambda f: f.n)
             self.counts.spooled += 1
             if not self.spooling:
-                self._start_spooling(f"delivery failed: {err}")
+                # after this poll, not inside its callback: the take-back polls itself
+                self._spool_because = f"delivery failed: {err}"
+                self.spooling = True
+
+    def _replace_producer(self, err: KafkaError) -> None:
+        """The producer failed for good (an idempotent producer's fatal error): a new one
+        takes over, and every fact the old one held is back in line (what was in flight
+        may have reached the broker too: sent again, one event id). The old producer is
+        not polled again, so none of its reports is read twice."""
+        log.error("recorder: the producer failed for good (%s); starting a new one", err)
+        old, self._producer = self._producer, self._factory(self.producer_conf)
+        with contextlib.suppress(Exception):  # let it go without waiting on what it holds
+            old.purge(in_queue=True, in_flight=False, blocking=False)
+        stranded = [p.fact for p in self._pending.values() if p.origin == "direct"]
+        self._pending.clear()
+        self._batch = None  # its facts are still in the head or the file
+        if stranded:
+            self._head = sorted([*self._head, *stranded], key=lambda f: f.n)
+            self.counts.spooled += len(stranded)
+        if not self.spooling:
+            self.spooling = True
+            self.counts.outages += 1
+            self._outage_since = time.monotonic()
+        self._next_replay = 0.0
 
     def _reject(self, fact: Fact, err: KafkaError) -> None:
         self.counts.rejected += 1
@@ -365,22 +396,33 @@ class Delivery:
         """One batch of the facts in line: the head first, then the file from its cursor."""
         batch = _Batch()
         self._batch = batch
+        refused = False
         for fact in list(self._head[: self.replay_batch]):
             entry = _Pending(fact, now, "head")
             if not self._produce(entry):
+                refused = True
                 break
             batch.entries.append(entry)
-        if len(batch.entries) == len(self._head[: self.replay_batch]):
+        if not refused:
             room = self.replay_batch - len(batch.entries)
             for s in self.spool.read(self.spool.cursor, room) if room > 0 else ():
                 if s.end in self._skip:
                     continue
                 entry = _Pending(Fact(s.n, s.topic, s.record), now, "file", s.end)
                 if not self._produce(entry):
+                    refused = True
                     break
                 batch.entries.append(entry)
         if not batch.entries:
             self._batch = None
+            if (
+                not refused
+                and not self._head
+                and all(s.end in self._skip for s in self.spool.read(self.spool.cursor))
+            ):
+                # what is left in the file is delivered already, or unreadable (rejected)
+                self.spool.advance(self.spool.size(), self.spool.backlog)
+                self._skip.clear()
             if not self._head and self.spool.drained():
                 self._recovered()
             else:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -32,6 +33,8 @@ from typing import Any
 
 from streams.contracts.models.base import Record
 from streams.contracts.models.events import INPUT_MODELS
+
+log = logging.getLogger("vigil.recorder")
 
 _MODELS: dict[str, type[Record]] = {m.avro_name: m for m in INPUT_MODELS}
 
@@ -85,6 +88,10 @@ class Spool:
             ) from None
         self._last_sync = time.monotonic()
         self._dirty = False
+        #: lines handed to the OS and not fsynced yet
+        self._unsynced = False
+        #: offsets of unreadable lines already copied to the rejected file
+        self._rejected: set[int] = set()
         self.cursor = self._read_cursor()
         #: facts between the cursor and the end of the file
         self.backlog = sum(1 for _ in self.read(self.cursor)) if self.size() > self.cursor else 0
@@ -105,15 +112,19 @@ class Spool:
         self._dirty = True
 
     def sync(self, force: bool = False) -> None:
-        """Hand the written lines to the OS, and fsync when the interval has passed."""
-        if not self._dirty and not force:
+        """Hand the written lines to the OS at once, and fsync them once the interval since
+        the last fsync has passed (called on every turn of the delivery thread)."""
+        if self._dirty:
+            self._file.flush()
+            self._dirty = False
+            self._unsynced = True
+        if not (self._unsynced or force):
             return
-        self._file.flush()
         now = time.monotonic()
         if force or now - self._last_sync >= self.fsync_interval:
             os.fsync(self._file.fileno())
             self._last_sync = now
-        self._dirty = False
+            self._unsynced = False
 
     def read(self, start: int, limit: int | None = None) -> Iterator[Spooled]:
         """The facts from byte ``start`` on (a torn last line, from a crash, is skipped)."""
@@ -129,12 +140,30 @@ class Spool:
                 pos = end
                 try:
                     n, topic, record = parse_line(text)
-                except (ValueError, KeyError):
-                    continue  # not a line this version wrote whole; the rest is kept
+                except (ValueError, KeyError) as exc:
+                    # not a line this version can read (a newer version's record type, a
+                    # hand edit): not sent, but copied to the rejected file and said, once
+                    self._unreadable(text, end - len(text), exc)
+                    continue
                 yield Spooled(n, topic, record, end)
                 count += 1
                 if limit is not None and count >= limit:
                     return
+
+    def _unreadable(self, text: bytes, offset: int, exc: Exception) -> None:
+        if offset in self._rejected:
+            return
+        self._rejected.add(offset)
+        rejected = self.path.with_name(self.path.name + ".rejected")
+        with open(rejected, "ab") as f:
+            f.write(text)
+        log.error(
+            "recorder spool %s: the line at byte %d is unreadable (%s); copied to %s",
+            self.path,
+            offset,
+            exc,
+            rejected,
+        )
 
     def advance(self, position: int, delivered: int) -> None:
         """The facts before ``position`` are delivered: move the cursor there (atomically)."""
@@ -155,6 +184,7 @@ class Spool:
         os.fsync(self._file.fileno())
         self.cursor = 0
         self.backlog = 0
+        self._rejected.clear()
         self.cursor_path.unlink(missing_ok=True)
 
     def rewrite(self, head: list[tuple[int, str, Record]], skip: set[int]) -> None:
