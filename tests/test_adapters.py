@@ -432,3 +432,17 @@ def test_mcp_error_answer_is_no_decision(rec: Capture) -> None:
         anyio.run(play)
     assert len(rec.of(ApprovalRequested)) == 1
     assert rec.of(ApprovalDecision) == [] and rec.of(ResumeReceipt) == []
+
+
+def test_demo_refuses_a_framework_it_has_no_agent_for() -> None:
+    """``vigil demo --agent`` names the frameworks it can play, and --help lists the option;
+    nothing is started for a bad value."""
+    from typer.testing import CliRunner
+
+    from streams.cli.main import app
+
+    result = CliRunner().invoke(app, ["demo", "--agent", "crewai"])
+    assert result.exit_code == 2
+    assert "langgraph, openai-agents, mcp" in result.output
+    helped = CliRunner().invoke(app, ["demo", "--help"], env={"COLUMNS": "200"})
+    assert helped.exit_code == 0 and "--agent" in helped.output
