@@ -5,6 +5,7 @@ scripted producer."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import threading
 import time
@@ -594,3 +595,27 @@ def test_spooled_lines_are_fsynced_within_the_interval(
     spool.sync()  # nothing new written since
     assert synced
     spool.close()
+
+
+def test_threads_recording_one_execution_queue_its_sequences_in_order(offline: Recorder) -> None:
+    """Several threads recording status changes of one execution: the queue (here the spool
+    file, the registry being unreachable) holds them in strictly increasing sequence, or the
+    worker would refuse the lower one as OUT_OF_ORDER."""
+    from streams.recorder.spool import parse_line
+
+    run = offline.execution("ex-threads")
+
+    def agent(k: int) -> None:
+        for i in range(400):
+            run.status("running" if (i + k) % 2 else "waiting_for_tool")
+
+    threads = [threading.Thread(target=agent, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert offline.close(0) == 1600
+    lines = (offline.options.spool_path).read_bytes().splitlines()
+    sequences = [parse_line(line)[2].sequence for line in lines]  # type: ignore[attr-defined]
+    assert len(sequences) == 1600
+    assert all(a < b for a, b in itertools.pairwise(sequences))

@@ -201,7 +201,8 @@ class Delivery:
         self._stop.set()
         self.inbox.put(None)
         self._thread.join(timeout + 5)
-        return left
+        # once the thread has ended, everything undelivered is in the spool: count it there
+        return left if self._thread.is_alive() else self.spool.backlog
 
     # -- the thread -----------------------------------------------------------------------
     def _run(self) -> None:
@@ -241,6 +242,8 @@ class Delivery:
             return 0
         while fact is not None:
             self._place(fact)
+            with self._idle:  # counted in one place at a time (the spool or the producer now)
+                self._queued -= 1
             took += 1
             if took >= 10_000:
                 break
@@ -248,8 +251,6 @@ class Delivery:
                 fact = self.inbox.get_nowait()
             except queue.Empty:
                 break
-        with self._idle:
-            self._queued -= took
         return took
 
     def _place(self, fact: Fact) -> None:
