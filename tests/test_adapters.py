@@ -446,3 +446,28 @@ def test_demo_refuses_a_framework_it_has_no_agent_for() -> None:
     assert "langgraph, openai-agents, mcp" in result.output
     helped = CliRunner().invoke(app, ["demo", "--help"], env={"COLUMNS": "200"})
     assert helped.exit_code == 0 and "--agent" in helped.output
+
+
+def test_langgraph_async_run_records_the_same_facts(rec: Capture, tmp_path: Path) -> None:
+    """``ainvoke``/``aheartbeat`` on an async SQLite checkpointer: the same request, handle,
+    decision and receipt as the sync path (its durability is the saver's: not in memory)."""
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+    from langgraph.types import Command
+
+    from streams.local.agents import deploy_graph
+
+    async def run() -> Any:
+        async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "a.sqlite")) as saver:
+            graph = deploy_graph(saver)
+            config = {"configurable": {"thread_id": "th-a"}}
+            vigil = lg.GraphRecorder(rec.execution("ex-a"))
+            await vigil.ainvoke(graph, {"service": "api"}, config)
+            await vigil.aheartbeat(graph, config)
+            return await vigil.ainvoke(graph, Command(resume="accept"), config)
+
+    assert asyncio.run(run())["deployed"] == "api"
+    (req,) = rec.of(ApprovalRequested)
+    assert req.resume_handle is not None and req.resume_handle.startswith("langgraph:thread=th-a;")
+    assert [d.decision for d in rec.of(ApprovalDecision)] == [DecisionCode.ACCEPT]
+    assert [r.request_id for r in rec.of(ResumeReceipt)] == [req.request_id]
+    assert rec.statuses("ex-a")[-1] == "COMPLETED"
