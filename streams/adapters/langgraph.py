@@ -55,8 +55,10 @@ Describe = Callable[[Any, str], tuple[str, Mapping[str, Any] | None]]
 def durable_checkpointer(checkpointer: Any) -> bool:
     """Whether ``checkpointer`` keeps a thread's checkpoints beyond this process: not an
     in-memory saver, not SQLite on an in-memory database, and not none at all. Savers this
-    function does not know (Postgres, Redis, a platform's) are taken as durable; the
-    ``durable`` argument of ``GraphRecorder`` overrides it for a saver that is not."""
+    function does not know (Postgres, Redis, a platform's) are taken as durable, and so is
+    ``AsyncSqliteSaver``, whose database it cannot read from the event loop; the ``durable``
+    argument of ``GraphRecorder`` overrides it for a saver that is not (``durable=False`` for
+    an async SQLite saver on ``:memory:``)."""
     if checkpointer is None or checkpointer is False:
         return False
     from langgraph.checkpoint.memory import InMemorySaver
