@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs vigil and its pinned dependencies into .venv (idempotent). Sourced by the others.
+# Installs vigil, its pinned dependencies and the framework adapters' extras (their tests run
+# the real frameworks) into .venv (idempotent). Sourced by the others.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3.11}"
@@ -10,7 +11,7 @@ fi
 STAMP="$ROOT/.venv/.installed-$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha256sum | cut -c1-16)"
 if [ ! -f "$STAMP" ]; then
   "$ROOT/.venv/bin/python" -m pip install --quiet --upgrade pip >/dev/null
-  "$ROOT/.venv/bin/python" -m pip install --quiet -c "$ROOT/constraints.txt" -e "$ROOT[test]"
+  "$ROOT/.venv/bin/python" -m pip install --quiet -c "$ROOT/constraints.txt" -e "$ROOT[test,openai-agents,langgraph,mcp]"
   touch "$STAMP"
 fi
 export PATH="$ROOT/.venv/bin:$PATH"

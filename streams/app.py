@@ -52,7 +52,7 @@ def create_app(settings: Settings, codec: AvroCodec | None = None) -> faust.App:
         web_graph_enabled=False,
         web_stats_enabled=False,
     )
-    from agents.pipeline import register
+    from vigil_worker.pipeline import register
 
     codec = codec or AvroCodec.connect(
         settings.registry_config(),

@@ -7,7 +7,7 @@ it, a replay reading everything at once) would otherwise pile its events up in m
 by one, as long as the backlog. Kafka Streams bounds the records it buffers per partition
 (``buffered.records.per.partition``); vigil counts the events waiting instead, and pauses only
 a topic partition that is ahead: the input that sets the watermark is never paused, so time
-always moves. The live worker (``agents/pipeline.py``) and ``vigil replay`` both use it.
+always moves. The live worker (``vigil_worker/pipeline.py``) and ``vigil replay`` both use it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The processor: one input record in, the output records to publish out.
 
-It decodes nothing and sends nothing itself. The worker (``agents/pipeline.py``) hands it an
+It decodes nothing and sends nothing itself. The worker (``vigil_worker/pipeline.py``) hands it an
 ``Envelope`` and sends the ``Emission``s it returns; the replay path and tests drive it the
 same way with plain dicts as stores. Three parts, each in its own module:
 
@@ -213,7 +213,7 @@ class Processor:
     def flush(self, partition: int | None = None, limit: int | None = None) -> int:
         """Write the state changes (of one partition, or all) to the tables. The live worker
         writes them to its tables' overlays before it publishes the outputs, and sends them
-        once the outputs are delivered (``agents/pipeline.py``). ``limit``: the largest
+        once the outputs are delivered (``vigil_worker/pipeline.py``). ``limit``: the largest
         packed entry the table can store (``ExecutionStore.flush``)."""
         return self.state.flush(partition, limit)
 

@@ -349,7 +349,7 @@ class Settings:
     #: own (one byte, 1.5 s) cost a fetch round trip per record or two under a light load:
     #: with 16 KiB and 25 ms the worker used 0.55 CPU-s per second at 2,000 events/s against
     #: 0.88, and its p99 fell from 217-237 to 199 ms. While its batches come full (a backlog)
-    #: the worker asks for one byte instead, with the same wait (``agents/fetch_pace.py``).
+    #: the worker asks for one byte instead, with the same wait (``vigil_worker/fetch_pace.py``).
     #: ``1`` keeps every fetch eager.
     fetch_min_bytes: int = 16 * 1024
     fetch_max_wait: timedelta = timedelta(milliseconds=25)
@@ -380,7 +380,7 @@ class Settings:
     max_entry_bytes: int = 512 * 1024
     #: VIGIL_SESSION_TIMEOUT — the consumer group session: a worker silent for longer loses its
     #: partitions, and a worker stopped for longer writes nothing until a heartbeat proves it
-    #: a member again (``agents/lease.py``).
+    #: a member again (``vigil_worker/lease.py``).
     session_timeout: timedelta = timedelta(seconds=30)
     #: VIGIL_STATE_GAUGES_INTERVAL — how often the open-work gauges of /metrics (executions in
     #: flight, UNKNOWN operations, open work items and approvals) are counted, off the event

@@ -1,6 +1,6 @@
-"""``DirectTable`` (``agents/changelog.py``): a table's store and its changelog change together
-or not at all. No broker: a real Faust table (memory and RocksDB stores) and a stand-in for the
-producer that acknowledges or refuses each changelog record, and keeps what it acknowledged.
+"""``DirectTable`` (``vigil_worker/changelog.py``): a table's store and its changelog change
+together or not at all. No broker: a real Faust table (memory and RocksDB stores) and a stand-in
+for the producer that acknowledges or refuses each changelog record, and keeps what it acknowledged.
 
 The rule under test: what the store holds (hence what every read returns, and what the worker
 judges applied) is never ahead of what the changelog holds. Behind is allowed: the inputs of a
@@ -28,8 +28,8 @@ from faust.types import TP
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.changelog import DirectTable
 from streams.state import ExecutionStore
+from vigil_worker.changelog import DirectTable
 
 STORES = ["memory://"]
 if importlib.util.find_spec("rocksdict") or importlib.util.find_spec("rocksdb"):
@@ -296,7 +296,7 @@ def test_the_store_is_never_ahead_of_the_changelog(tmp_path_factory: Any, runs: 
 
 # -- the test-only site hook that makes a real worker's changelog sends fail ------------------
 SITE = Path(__file__).resolve().parent / "sites" / "changelog_fail"
-PROBE = "import agents.changelog as c; print(c.DirectTable.send.__qualname__)"
+PROBE = "import vigil_worker.changelog as c; print(c.DirectTable.send.__qualname__)"
 
 
 @pytest.mark.parametrize(("fails", "send"), [(None, "DirectTable.send"), ("1", "failing_send")])

@@ -1,4 +1,4 @@
-"""The checkpoint (``agents/pipeline.py``) never publishes outputs of a state it cannot store.
+"""The checkpoint (``vigil_worker/pipeline.py``) never publishes outputs of a state it cannot store.
 
 Before, the outputs of a batch went out first and its execution entries were packed and sent
 after; an entry too large for a changelog record failed the batch only then, so every retry
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from agents.pipeline import Checkpoint, Position
+from vigil_worker.pipeline import Checkpoint, Position
 from streams.contracts.models import events as ev
 from streams.contracts.models.enums import ExecutionStatus, OperationEventKind
 from streams.processor import Processor, Stores

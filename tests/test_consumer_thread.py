@@ -17,8 +17,8 @@ import pytest
 from aiokafka.errors import IllegalStateError
 from faust.types import TP
 
-from agents.pipeline import seek_in_consumer_thread, survive_round, tune_fetch
 from streams.settings import Settings
+from vigil_worker.pipeline import seek_in_consumer_thread, survive_round, tune_fetch
 
 
 class ConsumerThread:

@@ -402,7 +402,7 @@ def test_dockerfile_builds_the_wheel_from_everything_it_packages() -> None:
 
     assert base.SCHEMA_DIR.resolve().relative_to(ROOT) == Path("schemas")
     copies = {tuple(a.split()) for s, k, a in _instructions() if k == "COPY" and s == "builder"}
-    for part in ("schemas", "streams", "agents"):
+    for part in ("schemas", "streams", "vigil_worker"):
         assert (f"{part}/", f"/app/{part}/") in copies, part
 
 

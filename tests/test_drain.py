@@ -15,7 +15,7 @@ from typing import Any
 
 from faust.types import TP
 
-from agents.drain import BatchDrain
+from vigil_worker.drain import BatchDrain
 
 INPUT = "in"
 

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agents.pipeline import ENTRY_RECORD_OVERHEAD, entry_bound
+from vigil_worker.pipeline import ENTRY_RECORD_OVERHEAD, entry_bound
 from streams.contracts.models import events as ev
 from streams.contracts.models.enums import (
     AlertKind,

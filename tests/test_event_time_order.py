@@ -190,7 +190,7 @@ PHASES = ("handled", "published", "state", "clocks")
 
 @dataclass
 class Broker:
-    """A simulated live worker (``agents/pipeline.py``'s order: handle a batch write-behind,
+    """A simulated live worker (``vigil_worker/pipeline.py``'s order: handle a batch write-behind,
     publish, flush state, flush clocks, acknowledge) over a broker that commits, per topic
     partition, the acknowledged prefix."""
 

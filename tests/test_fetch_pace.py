@@ -1,4 +1,4 @@
-"""The fetch pace: eager under a backlog, patient once caught up (agents/fetch_pace.py). No
+"""The fetch pace: eager under a backlog, patient once caught up (vigil_worker/fetch_pace.py). No
 Kafka: the Kafka test is tests/test_fetch_pace_kafka.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents.fetch_pace import (
+from vigil_worker.fetch_pace import (
     EAGER_MIN_BYTES,
     FetchPace,
     FetchSizes,

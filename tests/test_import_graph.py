@@ -1,4 +1,4 @@
-"""The packages import each other in one direction: no module of ``streams`` or ``agents``
+"""The packages import each other in one direction: no module of ``streams`` or ``vigil_worker``
 imports a module that imports it back, directly or through others. A circle makes the import
 order decide what exists, and hides which layer depends on which."""
 
@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("streams", "agents")
+PACKAGES = ("streams", "vigil_worker")
 
 
 def _module_name(path: Path) -> str:

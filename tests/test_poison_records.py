@@ -177,7 +177,7 @@ class FakeCoordinator:
 
 
 def test_the_lease_runs_out_a_session_after_the_last_accepted_heartbeat_was_sent() -> None:
-    from agents.lease import MembershipLease
+    from vigil_worker.lease import MembershipLease
 
     clock = FakeClock()
     lease = MembershipLease(10.0, margin=1.0, clock=clock)
@@ -201,7 +201,7 @@ def test_a_stopped_worker_holds_its_batch_until_membership_is_proven() -> None:
     """A SIGSTOP past the session: when the process runs again, the clock has jumped and the
     lease has run out, whatever the worker was doing; it is valid again only after a heartbeat
     sent after the stop was accepted."""
-    from agents.lease import MembershipLease
+    from vigil_worker.lease import MembershipLease
 
     clock = FakeClock()
     lease = MembershipLease(30.0, clock=clock)

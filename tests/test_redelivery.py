@@ -4,7 +4,7 @@ the first time and the second, is exactly what one uninterrupted run publishes: 
 there, a repeated id only ever the identical record, and no anomaly about an input processed
 twice.
 
-The simulated worker does what ``agents/pipeline.py`` does, in the same order: handle a batch
+The simulated worker does what ``vigil_worker/pipeline.py`` does, in the same order: handle a batch
 (write-behind), publish its outputs, flush the state (per partition, so a crash can fall
 between partitions), flush the clocks, acknowledge; the committed offset of a partition is
 the end of its acknowledged prefix.

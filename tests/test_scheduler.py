@@ -13,10 +13,10 @@ import faust
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.changelog import DirectTable
 from streams.contracts.envelope import Envelope
 from streams.core.clock import PartitionClock
 from streams.scheduler import EPOCH, Due, DueTime, HeldEvent, Scheduler, Timers, epoch_ms
+from vigil_worker.changelog import DirectTable
 
 INPUTS = ("a", "b", "c")
 T0 = datetime(2026, 3, 1, tzinfo=UTC)

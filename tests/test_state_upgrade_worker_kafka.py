@@ -47,7 +47,6 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from agents.pipeline import _table
 from bench import core
 from streams.contracts.models.events import ClockTick
 from streams.contracts.models.outputs import Anomaly, ExecutionState
@@ -57,6 +56,7 @@ from streams.kafka.topics import Topics
 from streams.processor import Processor, Stores
 from streams.settings import Settings
 from tests.support import Deployment, deployment, worker
+from vigil_worker.pipeline import _table
 
 pytestmark = pytest.mark.kafka
 
@@ -128,7 +128,7 @@ def _produce_inputs(dep: Deployment, envs: list[Any]) -> None:
 
 def _write_changelogs(dep: Deployment, stores: Stores, envs: list[Any]) -> None:
     """The tables' changelogs as 6733ee4's worker left them: each entry and clock serialized
-    by the worker's own table (``agents/pipeline._table``), in its partition."""
+    by the worker's own table (``vigil_worker/pipeline._table``), in its partition."""
     settings = dep.settings
     n = settings.partitions
     app = faust.App(settings.app_id, broker=f"kafka://{settings.bootstrap_servers}")

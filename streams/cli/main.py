@@ -779,6 +779,14 @@ def demo(
             "until Ctrl-C (--no-serve: stop at once)."
         ),
     ] = True,
+    agent: Annotated[
+        str | None,
+        typer.Option(
+            help="Instead of the scenario, play a real agent of this framework (scripted, "
+            "offline) through its vigil adapter: langgraph, openai-agents or mcp (needs "
+            "pip install 'vigil[FRAMEWORK]')."
+        ),
+    ] = None,
 ) -> None:
     """Run the main job on the bundled scenario, live.
 
@@ -787,10 +795,15 @@ def demo(
     timeout reconciled later, a forbidden retry and a normal execution (moved in time to end
     now), and shows verdicts, work items and alerts as they arrive. Ends by printing the
     console's address (and a write token for manual review); Ctrl-C stops all it started.
+    With --agent, a LangGraph graph, an OpenAI Agents SDK agent or an MCP client session runs
+    instead and vigil judges its waits and tool calls.
     """
+    from streams.local.agents import FRAMEWORKS
     from streams.local.demo import run_demo
 
-    raise typer.Exit(run_demo(pace=pace, keep=keep, console=out, serve=serve))
+    if agent is not None and agent not in FRAMEWORKS:
+        raise typer.BadParameter(f"{agent!r}: one of {', '.join(FRAMEWORKS)}", param_hint="--agent")
+    raise typer.Exit(run_demo(pace=pace, keep=keep, console=out, serve=serve, agent=agent))
 
 
 def main() -> None:

@@ -10,6 +10,10 @@ topics; once the scenario is played and the console has caught up, the demo prin
 console's address and keeps worker, console and a wall-clock ticker running (time goes on, and
 a review made on the page is applied within a second) until Ctrl-C, which stops everything it
 started (``--no-serve``: stop at once instead).
+
+``--agent FRAMEWORK`` plays, instead of the scenario, a real agent of that framework (scripted
+and offline, ``streams.local.agents``) recording through its vigil adapter, so the verdicts
+shown are vigil judging a LangGraph, OpenAI Agents SDK or MCP run.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -120,7 +124,11 @@ STYLE = {
 
 
 def run_demo(
-    pace: float = 0.15, keep: bool = False, console: Console | None = None, serve: bool = True
+    pace: float = 0.15,
+    keep: bool = False,
+    console: Console | None = None,
+    serve: bool = True,
+    agent: str | None = None,
 ) -> int:
     console = console or Console()
     started_cluster = False
@@ -162,10 +170,15 @@ def run_demo(
     try:
         _wait_ready(worker, workdir / "worker.log", console)
         reader.start()
-        console.print(
-            f"[bold]Playing the scenario[/bold] (scenario clock, {len(steps)} steps, ending now)…\n"
-        )
         producer = RecordProducer(settings, codec)
+        if agent is not None:
+            _play_agent(agent, settings, codec, topics, producer, workdir, seen, console)
+            steps = []
+        else:
+            console.print(
+                f"[bold]Playing the scenario[/bold] (scenario clock, {len(steps)} steps, "
+                "ending now)…\n"
+            )
         with _ctrl_c_between_steps() as interrupted:
             for step in steps:
                 if isinstance(step, Tick):
@@ -179,8 +192,9 @@ def run_demo(
                 if interrupted.is_set():
                     raise KeyboardInterrupt
             producer.flush()
-        _wait_quiet(seen, console)
-        _summary(seen, console, REFERENCE_AT + delta)
+        if agent is None:
+            _wait_quiet(seen, console)
+            _summary(seen, console, REFERENCE_AT + delta)
         url = f"http://127.0.0.1:{ui_port}/"
         caught_up = _wait_console(url, ui, console)
         console.print(
@@ -235,6 +249,41 @@ def _ctrl_c_between_steps() -> Iterator[threading.Event]:
         yield interrupted
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _play_agent(
+    agent: str,
+    settings: Settings,
+    codec: AvroCodec,
+    topics: Topics,
+    producer: RecordProducer,
+    workdir: Path,
+    seen: list[Record],
+    console: Console,
+) -> None:
+    """``--agent``: a real agent of that framework (scripted, offline) recording through its
+    adapter (``streams.local.agents``), then a tick at now, and the verdicts as they come."""
+    from streams.local.agents import play_live
+
+    console.print(f"[bold]Playing a {agent} agent[/bold] through its vigil adapter…\n")
+    cases = play_live(agent, settings, codec, workdir / "agent")
+    for case in cases:
+        console.print(f"  {case.execution_id:<34} {case.what}: vigil should say {case.expect}")
+    now = datetime.now(UTC)
+    for spec in topics.inputs():
+        producer.tick(spec.name, spec.partitions, now, "demo-agent-clock")
+    producer.flush()
+    waits = {c.execution_id: c.expect for c in cases if c.expect != "FORBIDDEN_RETRY"}
+
+    def done() -> bool:
+        latest: dict[str, str] = {}
+        for r in seen:
+            if isinstance(r, ApprovalVerdict):
+                latest[r.execution_id] = str(r.verdict)
+        return all(latest.get(ex) == want for ex, want in waits.items())
+
+    _wait_quiet(seen, console, done=done)
+    _summary(seen, console, now)
 
 
 def _free_port() -> int:
@@ -360,13 +409,18 @@ def _show(
 
 
 def _wait_quiet(
-    seen: list[Record], console: Console, quiet: float = 4.0, limit: float = 120.0
+    seen: list[Record],
+    console: Console,
+    quiet: float = 4.0,
+    limit: float = 120.0,
+    done: Callable[[], bool] | None = None,
 ) -> None:
-    """Until the last verdict at the reference time is out and nothing new came for ``quiet``
-    seconds (a fresh broker may take a while to accept the first records), at most ``limit``."""
+    """Until the last verdict at the reference time is out (``done``, by default the
+    scenario's last) and nothing new came for ``quiet`` seconds (a fresh broker may take a
+    while to accept the first records), at most ``limit``."""
     began = time.monotonic()
 
-    def done() -> bool:
+    def scenario_done() -> bool:
         return any(
             isinstance(r, ApprovalVerdict)
             and r.request_id == "req-export"
@@ -374,6 +428,7 @@ def _wait_quiet(
             for r in seen
         )
 
+    done = done or scenario_done
     with console.status("Waiting for the last outputs…"):
         last, n = time.monotonic(), -1
         while time.monotonic() - began < limit:

@@ -129,7 +129,7 @@ class StateGauges:
 
 def _values_in_memory(table: Any) -> list[Any] | None:
     """The stored values as a list, if they live in a dict in memory (a dict, or a Faust
-    memory store under ``agents.changelog.DirectTable``): copying references is the one part
+    memory store under ``vigil_worker.changelog.DirectTable``): copying references is the one part
     done on the loop, since the dict changes with every batch."""
     if isinstance(table, dict):
         return list(table.values())

@@ -40,7 +40,7 @@ class _PartlyRefusing:
 
 
 def _install(times: int) -> None:
-    from agents.changelog import DirectTable
+    from vigil_worker.changelog import DirectTable
 
     send = DirectTable.send
     left = [times]

@@ -3,8 +3,8 @@
 One processor reads all input topics of a partition so that it sees every fact of an execution
 in one place, and keeps its tables (execution entries, partition clocks) co-partitioned with
 them: a table's changelog partition is the partition of the record that changed it. The
-``Worker`` is fed whole batches by the consumer's batch drain (``agents/drain.py``) rather than
-by a per-event Faust agent (see there why). Per batch it admits each record through the offset
+``Worker`` is fed whole batches by the consumer's batch drain (``vigil_worker/drain.py``) rather
+than by a per-event Faust agent (see there why). Per batch it admits each record through the offset
 guard, decodes it (``open_envelope``) and calls ``Processor.handle``; then its ``Checkpoint``
 sends the outputs, each with the timestamp of its event time, never the send time, writes the
 state and the clocks, and acknowledges the inputs, in that order.
@@ -22,10 +22,6 @@ from typing import Any, NamedTuple
 import faust
 from faust.types import TP
 
-from agents.changelog import DirectTable
-from agents.drain import BatchDrain
-from agents.fetch_pace import FetchPace, FetchSizes, apply_sizes, running_fetcher
-from agents.lease import MembershipLease
 from streams import flow
 from streams.contracts.codec import AvroCodec, RegistryUnavailable
 from streams.contracts.envelope import SafeAvroSchema, open_envelope
@@ -40,6 +36,10 @@ from streams.read.metrics import Metrics
 from streams.read.web import register_web
 from streams.settings import Settings
 from streams.state import EntryTooLarge
+from vigil_worker.changelog import DirectTable
+from vigil_worker.drain import BatchDrain
+from vigil_worker.fetch_pace import FetchPace, FetchSizes, apply_sizes, running_fetcher
+from vigil_worker.lease import MembershipLease
 
 log = logging.getLogger("vigil.pipeline")
 
@@ -359,7 +359,7 @@ class Worker:
 
     def _wire(self) -> None:
         """Faust's side: the input topics subscribed (their records come from the batch drain,
-        ``agents/drain.py``, not through Faust's per-event stream), the timers, the task and
+        ``vigil_worker/drain.py``, not through Faust's per-event stream), the timers, the task and
         the rebalance signals."""
         app, settings, metrics = self.app, self.settings, self.metrics
         app.topics.add(self.source)
@@ -426,7 +426,7 @@ class Worker:
 
     async def still_owner(self, generation: int) -> bool:
         """Whether this worker may still write for the batch fetched in ``generation``: no
-        rebalance since, and a membership lease that has not run out (``agents/lease.py``).
+        rebalance since, and a membership lease that has not run out (``vigil_worker/lease.py``).
         A worker that was stopped past its session waits here until a heartbeat proves it a
         member again, or the rebalance that took its partitions arrives."""
         lease = self.lease
@@ -660,7 +660,7 @@ class Worker:
         metrics.held.set(processor.held())
 
     def pace_fetch(self, records: int) -> None:
-        """Eager fetches under a backlog, patient ones once caught up (agents/fetch_pace.py).
+        """Eager fetches under a backlog, patient ones once caught up (vigil_worker/fetch_pace.py).
         Never raises: it runs in the pipeline task, whose exception would stop the worker."""
         try:
             change = self.pace.after_batch(records)
