@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from vigil_worker.pipeline import Checkpoint, Position
 from streams.contracts.models import events as ev
 from streams.contracts.models.enums import ExecutionStatus, OperationEventKind
 from streams.processor import Processor, Stores
 from streams.state import EntryTooLarge
 from tests.test_entry_bounds import key
 from tests.test_processor import T0, TOPICS, env, ticks
+from vigil_worker.pipeline import Checkpoint, Position
 
 
 class Table(dict[str, Any]):

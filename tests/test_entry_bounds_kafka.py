@@ -37,7 +37,6 @@ from typing import Any
 import httpx
 import pytest
 
-from vigil_worker.pipeline import ENTRY_RECORD_OVERHEAD, entry_bound
 from streams.contracts.models import events as ev
 from streams.contracts.models.enums import (
     AlertKind,
@@ -52,6 +51,7 @@ from streams.kafka.partitioning import partition_of
 from tests.support import Deployment, by_id, deployment, worker
 from tests.test_faults_kafka import T0, at, worker_logs
 from tests.test_poison_kafka import Inputs, assert_same_as_pure, metric, until_published
+from vigil_worker.pipeline import ENTRY_RECORD_OVERHEAD, entry_bound
 
 pytestmark = pytest.mark.kafka
 
