@@ -68,7 +68,7 @@ from streams.contracts.models.outputs import (
 )
 from streams.core.executions import from_ms, id_ms, to_ms
 from streams.core.findings import AnomalyFinding
-from streams.core.ids import deterministic_id
+from streams.core.ids import deterministic_id, scoped_key
 
 S = OperationStatus
 K = OperationEventKind
@@ -124,6 +124,29 @@ _RESTRICTION: Mapping[RetryVerdict, int] = {
     RetryVerdict.OWNER_DECIDES: 4,
     RetryVerdict.FORBIDDEN: 5,
 }
+
+
+def work_item_id(execution_id: str, operation_id: str, attempt: int, kind: WorkItemKind) -> str:
+    """The id of the work item a deadline of an attempt opens (docs/rules.md#ids-and-keys):
+    scoped by the execution, since operation ids repeat across executions."""
+    return deterministic_id("wi", scoped_key(execution_id, operation_id), attempt, kind)
+
+
+def resolution_id(
+    execution_id: str, operation_id: str, item_id: str, outcome: OperationStatus
+) -> str:
+    """The id of the resolution of work item ``item_id`` (scoped too: an item opened before
+    ids were scoped may share its id with another execution's)."""
+    return deterministic_id("wr", scoped_key(execution_id, operation_id), item_id, outcome)
+
+
+def operation_alert_id(
+    execution_id: str, operation_id: str, attempt: int, kind: AlertKind, reason: str
+) -> str:
+    """The id of an OPERATION_UNKNOWN or VERIFICATION_OVERDUE alert of an attempt: ``reason``
+    is the reason that fired it (``reply_timeout``, ``verification_timeout``), or
+    ``settled_<status>`` for the RESOLVED alert that ends it."""
+    return deterministic_id("alert", kind, scoped_key(execution_id, operation_id), attempt, reason)
 
 
 def retry_verdict(status: OperationStatus) -> RetryVerdict:
@@ -354,7 +377,8 @@ def _state(book: OperationBook, operation_id: str, cause: str | None = None) -> 
     # The reason is part of the id: ACKNOWLEDGED and ACKNOWLEDGED-but-overdue are two
     # different records with the same status and ``since``. RECONCILING and MANUAL_REVIEW may
     # alternate, at one instant too: the times the status was entered tell them apart.
-    parts: list[object] = [operation_id, rec.attempt, rec.status, id_ms(rec.since), rec.reason]
+    key = scoped_key(book.execution_id, operation_id)
+    parts: list[object] = [key, rec.attempt, rec.status, id_ms(rec.since), rec.reason]
     if rec.status in _REPEATABLE:
         entered = sum(1 for k in rec.kinds if k.value == rec.status.value)
         if entered > 1:
@@ -519,7 +543,11 @@ def _forbidden_retry(book: OperationBook, event: OperationEvent, key: str | None
     refs = tuple(f"previous={op}#{rec.attempt}:{rec.status}" for op, rec in blocking)
     return Alert(
         alert_id=deterministic_id(
-            "alert", AlertKind.FORBIDDEN_RETRY, event.operation_id, event.attempt, *refs
+            "alert",
+            AlertKind.FORBIDDEN_RETRY,
+            scoped_key(book.execution_id, event.operation_id),
+            event.attempt,
+            *refs,
         ),
         kind=AlertKind.FORBIDDEN_RETRY,
         status=AlertStatus.FIRING,
@@ -548,7 +576,9 @@ def _settle(
         return []
     out: list[Record] = [
         WorkItemResolution(
-            resolution_id=deterministic_id("wr", rec.work_item_id, rec.status),
+            resolution_id=resolution_id(
+                book.execution_id, operation_id, rec.work_item_id, rec.status
+            ),
             work_item_id=rec.work_item_id,
             operation_id=operation_id,
             execution_id=book.execution_id,
@@ -566,8 +596,8 @@ def _settle(
         )
         out.append(
             Alert(
-                alert_id=deterministic_id(
-                    "alert", kind, operation_id, rec.attempt, f"settled_{rec.status}"
+                alert_id=operation_alert_id(
+                    book.execution_id, operation_id, rec.attempt, kind, f"settled_{rec.status}"
                 ),
                 kind=kind,
                 status=AlertStatus.RESOLVED,
@@ -709,8 +739,8 @@ def _fire(
         # Transport was confirmed: that fact stays true. The state says why it needs
         # reconciliation; the retry verdict (WAIT) is already "do not resend".
         status, since = S.ACKNOWLEDGED, rec.since
-    wi_id = deterministic_id("wi", operation_id, rec.attempt, wi_kind)
-    alert_id = deterministic_id("alert", alert_kind, operation_id, rec.attempt, reason)
+    wi_id = work_item_id(book.execution_id, operation_id, rec.attempt, wi_kind)
+    alert_id = operation_alert_id(book.execution_id, operation_id, rec.attempt, alert_kind, reason)
     rec = rec._replace(
         status=status,
         since=since,
