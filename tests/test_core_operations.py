@@ -37,6 +37,7 @@ from streams.core.operations import (
     NEXT_STEP_UNKNOWN,
     SETTLED,
     SOURCE_EVIDENCE,
+    VERIFIED_BY_SHARED_KEY,
     AttemptRecord,
     OperationBook,
     OperationConfig,
@@ -598,7 +599,16 @@ def test_unknown_settles_only_on_source_evidence_and_a_timeout_never_fails(steps
                     assert (old, rec.status) == (S.SENT, S.UNKNOWN)
                     timed_out.add((op_id, a))
                     continue
-                assert (s.operation_id, s.attempt) == (op_id, a)  # only the event's attempt
+                if (s.operation_id, s.attempt) != (op_id, a):
+                    # only the event's attempt, or one a source's VERIFIED settles by the
+                    # idempotency key they share
+                    verified = after.operations[s.operation_id].attempts[s.attempt]
+                    assert s.kind is K.VERIFIED and s.evidence_source in SOURCE_EVIDENCE
+                    assert verified.status is S.VERIFIED
+                    assert old in (S.UNKNOWN, S.RECONCILING) and rec.status is S.VERIFIED
+                    assert rec.reason == VERIFIED_BY_SHARED_KEY
+                    assert rec.idempotency_key == verified.idempotency_key is not None
+                    continue
                 if old in (S.UNKNOWN, S.RECONCILING, S.MANUAL_REVIEW) and rec.status in SETTLED:
                     assert s.kind in (K.VERIFIED, K.FAILED)
                     assert s.evidence_source in SOURCE_EVIDENCE

@@ -568,12 +568,26 @@ def _forbidden_retry(book: OperationBook, event: OperationEvent, key: str | None
 
 
 def _settle(
-    book: OperationBook, operation_id: str, rec: AttemptRecord, event: OperationEvent
+    book: OperationBook,
+    operation_id: str,
+    rec: AttemptRecord,
+    event: OperationEvent,
+    verified_by: tuple[str, int] | None = None,
 ) -> list[Record]:
     """Resolution records for an attempt that just settled with an open work item: the
-    ``WorkItemResolution`` (whoever works the item can stop) and the RESOLVED alert."""
+    ``WorkItemResolution`` (whoever works the item can stop) and the RESOLVED alert.
+    ``verified_by`` names the attempt whose VERIFIED settled this one by their shared
+    idempotency key (``_shared_key_siblings``); both records then say so in their evidence."""
     if rec.work_item_id is None:
         return []
+    shared: tuple[str, ...] = ()
+    because = ""
+    if verified_by is not None:
+        shared = (
+            f"verified_by={verified_by[0]}#{verified_by[1]}",
+            f"idempotency_key={rec.idempotency_key}",
+        )
+        because = f" (attempt {verified_by[0]}#{verified_by[1]} under the same idempotency key)"
     out: list[Record] = [
         WorkItemResolution(
             resolution_id=resolution_id(
@@ -586,6 +600,7 @@ def _settle(
             outcome=rec.status,
             evidence_source=event.evidence_source,
             resolved_at=event.occurred_at,
+            evidence=shared,
         )
     ]
     if rec.alert_id is not None:
@@ -606,10 +621,13 @@ def _settle(
                 subject_id=operation_id,
                 verdict=rec.status.value,
                 owner=Owner.CONNECTOR_OWNER,
-                next_step=f"none: settled {rec.status} on evidence from {event.evidence_source}",
+                next_step=(
+                    f"none: settled {rec.status} on evidence from {event.evidence_source}{because}"
+                ),
                 evidence=(
                     f"attempt={operation_id}#{rec.attempt}",
                     f"work_item={rec.work_item_id}",
+                    *shared,
                     f"event={event.event_id}",
                 ),
                 occurred_at=event.occurred_at,
@@ -617,6 +635,34 @@ def _settle(
             )
         )
     return out
+
+
+def _shared_key_siblings(
+    book: OperationBook, operation_id: str, rec: AttemptRecord
+) -> list[tuple[str, AttemptRecord]]:
+    """The attempts that a source's VERIFIED of ``rec`` settles as well
+    (docs/rules.md#shared-idempotency-key-evidence): every other attempt of the execution that
+    carries the same idempotency key and is UNKNOWN or RECONCILING. The key makes them one
+    effect, and that effect is now verified. By operation id, then attempt number. Attempts
+    without that key stay open (they may be a second effect), and MANUAL_REVIEW stays with the
+    person who has it."""
+    key = rec.idempotency_key
+    if not key:
+        return []
+    found = []
+    for op_id in sorted(book.by_idempotency_key.get(key, ())):
+        for number, other in sorted(book.operations[op_id].attempts.items()):
+            if (op_id, number) == (operation_id, rec.attempt):
+                continue
+            if other.idempotency_key == key and other.status in _SETTLED_BY_SHARED_KEY:
+                found.append((op_id, other))
+    return found
+
+
+#: Statuses an attempt is settled from by a VERIFIED of another attempt with its key.
+_SETTLED_BY_SHARED_KEY: frozenset[OperationStatus] = frozenset({S.UNKNOWN, S.RECONCILING})
+#: The reason of an attempt so settled.
+VERIFIED_BY_SHARED_KEY = "verified_by_shared_idempotency_key"
 
 
 def apply_event(
@@ -710,6 +756,16 @@ def apply_event(
     old_key = old.idempotency_key if old else None
     outputs: list[Record] = [*_states(before, book, event.operation_id, rec, old_key, cause)]
     outputs.extend(settled)
+    if status is S.VERIFIED and event.evidence_source in SOURCE_EVIDENCE:
+        verified_by = (event.operation_id, event.attempt)
+        for op_id, sibling in _shared_key_siblings(book, event.operation_id, rec):
+            done = sibling._replace(status=S.VERIFIED, reason=VERIFIED_BY_SHARED_KEY, since=t)
+            records = _settle(book, op_id, done, event, verified_by)
+            done = done._replace(work_item_id=None, work_item_kind=None, alert_id=None)
+            before, book = book, _put(book, op_id, done)
+            key = done.idempotency_key
+            outputs.extend(_states(before, book, op_id, done, key, cause))
+            outputs.extend(records)
     if alert is not None:
         outputs.append(alert)
     return OperationStep(book, tuple(outputs), ())

@@ -93,6 +93,7 @@ class WorkItemResolution(Record):
     evidence_source: EvidenceSource
     resolved_at: Millis
     traceparent: str | None = None
+    evidence: tuple[str, ...] = ()
 
 
 class ProofFinding(Record):
