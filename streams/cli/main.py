@@ -224,6 +224,27 @@ def topics_create(
     print_subjects(subjects)
 
 
+@topics_app.command("rekey")
+def topics_rekey(
+    bootstrap: BootstrapOpt = None,
+    registry: RegistryOpt = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would be written; write nothing.")
+    ] = False,
+) -> None:
+    """Carry the compacted operation-state topic over to scoped keys (execution_id/operation_id),
+    once, when upgrading from a version that keyed it by operation id: each operation's last
+    state under an old key is written again under its scoped key (unless one is there), then
+    each old key gets a tombstone. Run it with the old workers stopped, before the new ones
+    start; running it again finds nothing to do (topology.md, "Moving to scoped keys")."""
+    from streams.kafka.rekey import rekey
+
+    s = settings_from_flags(bootstrap, registry)
+    _require_cluster(s)
+    done = rekey(s, codec_for(s), dry_run=dry_run)
+    out.print_json(json.dumps(done.summary() | {"dry_run": dry_run}))
+
+
 @topics_app.command("list")
 def topics_list(
     output_suffix: Annotated[
