@@ -117,11 +117,9 @@ def test_afterwards_every_operation_has_its_last_state_under_its_scoped_key_and_
     want: dict[str, bytes] = {}
     for r in log:
         key = scoped_key(*r.ids)  # type: ignore[misc]
-        if is_scoped(r):
-            want[key] = r.value  # type: ignore[assignment]
-        elif not any(is_scoped(x) and x.key == key for x in log) and not is_scoped(
-            last_at_key[r.key]
-        ):
+        replaced = any(is_scoped(x) and x.key == key for x in log)
+        still_there = not is_scoped(last_at_key[r.key])
+        if is_scoped(r) or (not replaced and still_there):
             want[key] = r.value  # type: ignore[assignment]
     after = applied(log)
     assert compacted(after) == want
