@@ -727,6 +727,14 @@ def console_cmd(
 @app.command("review")
 def review_cmd(
     operation_id: Annotated[str, typer.Argument(help="Operation id.")],
+    execution: Annotated[
+        str | None,
+        typer.Option(
+            "--execution",
+            help="The operation's execution id. Operation ids repeat across executions: "
+            "without it the console answers only while one execution uses that id.",
+        ),
+    ] = None,
     take: Annotated[bool, typer.Option("--take", help="Take it into MANUAL_REVIEW.")] = False,
     verified: Annotated[
         bool, typer.Option("--verified", help="Settle it VERIFIED: the effect happened.")
@@ -764,7 +772,12 @@ def review_cmd(
         raise typer.Exit(2)
     from urllib.parse import quote
 
-    url = f"{console_url.rstrip('/')}/api/operations/{quote(operation_id, safe='')}/review"
+    base = console_url.rstrip("/")
+    op = quote(operation_id, safe="")
+    if execution is not None:
+        url = f"{base}/api/executions/{quote(execution, safe='')}/operations/{op}/review"
+    else:
+        url = f"{base}/api/operations/{op}/review"
     body = {"action": actions[0], "note": note, "reviewer": reviewer, "attempt": attempt}
     try:
         resp = httpx.post(url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30)
