@@ -82,6 +82,10 @@ def three_brokers(
 ) -> Iterator[tuple[Cluster, localstack.Settings]]:
     """A three-broker cluster of this test's own (own ports and data dir, the jars of the
     shared download cache), with the session's schema registry; stopped and wiped after."""
+    try:
+        localstack.find_java()
+    except localstack.LocalStackError as exc:
+        pytest.skip(f"the three brokers need a Java to run on: {exc}")
     base = free_block(6)
     settings = localstack.Settings(
         cache_dir=localstack.Settings.from_env().cache_dir,
