@@ -102,6 +102,7 @@ class Topics:
     alerts: TopicSpec
     anomalies: TopicSpec
     dead_letters: TopicSpec
+    reconciliation_checks: TopicSpec
 
     @classmethod
     def from_settings(cls, s: Settings) -> Topics:
@@ -210,6 +211,15 @@ class Topics:
                 "delete",
                 30,
                 "Undecodable or invalid records with their original bytes.",
+            ),
+            reconciliation_checks=o(
+                "reconciliation-checks",
+                "work_item_id (partition: the work item's own)",
+                (out.ReconciliationCheck,),
+                "compact",
+                0,
+                "vigil reconcile's progress per work item: every check made at the source, "
+                "its outcome, the next one due.",
             ),
         )
 
