@@ -646,6 +646,8 @@ class Reconciler:
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
                 "max.poll.interval.ms": 900_000,
+                # a replica that died hands its partitions over after this (VIGIL_SESSION_TIMEOUT)
+                "session.timeout.ms": int(self.settings.session_timeout.total_seconds() * 1000),
             }
         )
         pool = ThreadPoolExecutor(1, thread_name_prefix="reconcile-consumer")

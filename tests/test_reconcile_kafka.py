@@ -65,6 +65,8 @@ class Stack:
             "VIGIL_RECONCILERS_FILE": str(self.config),
             "VIGIL_DEMO_PROVIDER_TOKEN": TOKEN,
             "VIGIL_RECONCILER_PORT": str(free_port()),
+            # the broker's least: a killed replica's partitions move on after 6 s
+            "VIGIL_SESSION_TIMEOUT": "6s",
         }
         with log_path.open("wb") as out:
             proc = subprocess.Popen(
