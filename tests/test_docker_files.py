@@ -559,11 +559,18 @@ def test_compose_reconcile(services: dict[str, dict[str, Any]]) -> None:
 
 
 def test_example_reconcilers_file_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    from streams.reconcilers import load
+    """As shipped no connector is configured; its commented example, uncommented, loads."""
+    from streams.reconcilers import load, parse
 
+    path = DOCKER / "reconcilers.toml"
+    assert load(path).connectors == {}
+    example = "\n".join(
+        line.removeprefix("#").removeprefix(" ") for line in path.read_text().splitlines()
+    )
     monkeypatch.setenv("PAYMENTS_API_TOKEN", "x")
-    conf = load(DOCKER / "reconcilers.toml")
+    conf = parse(example, str(path))
     assert set(conf.connectors) == {"payments"}
+    assert conf.connectors["payments"].policy().authoritative
 
 
 def test_healthcheck_probes_the_reconciler(
