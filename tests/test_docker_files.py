@@ -564,9 +564,9 @@ def test_example_reconcilers_file_loads(monkeypatch: pytest.MonkeyPatch) -> None
 
     path = DOCKER / "reconcilers.toml"
     assert load(path).connectors == {}
-    example = "\n".join(
-        line.removeprefix("#").removeprefix(" ") for line in path.read_text().splitlines()
-    )
+    text = path.read_text()
+    example = text[text.index("# [connectors.") :]
+    example = "\n".join(line.removeprefix("#").removeprefix(" ") for line in example.splitlines())
     monkeypatch.setenv("PAYMENTS_API_TOKEN", "x")
     conf = parse(example, str(path))
     assert set(conf.connectors) == {"payments"}
