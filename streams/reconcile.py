@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import signal
 import threading
@@ -252,7 +253,11 @@ class Publisher:
         while not self.stop.is_set():
             self.producer.poll(0.05)
 
-    async def send(self, topic: str, record: Record, key: str, partition: int | None) -> None:
+    def submit(
+        self, topic: str, record: Record, key: str, partition: int | None
+    ) -> asyncio.Future[None]:
+        """Hand ``record`` to the producer now (so records of one key keep the order they
+        were submitted in) and return what settles when the broker has it."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
 
@@ -276,10 +281,12 @@ class Publisher:
                 self.producer.produce(
                     topic, key=key.encode(), value=value, on_delivery=report, **kwargs
                 )
-                break
-            except BufferError:
-                await asyncio.sleep(0.05)
-        await done
+                return done
+            except BufferError:  # librdkafka's queue is full: let deliveries drain it
+                self.producer.poll(0.05)
+
+    async def send(self, topic: str, record: Record, key: str, partition: int | None) -> None:
+        await self.submit(topic, record, key, partition)
 
     def close(self) -> None:
         self.producer.flush(10)
@@ -318,6 +325,10 @@ class Reconciler:
         self._unconfigured_logged: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
+        #: (due, sequence, work item id) of every check scheduled; an entry whose item has
+        #: moved on (another due time, resolved, revoked) is dropped when it comes up
+        self._due: list[tuple[datetime, int, str]] = []
+        self._seq = 0
 
     # ------------------------------------------------------------------ setup
 
@@ -425,7 +436,8 @@ class Reconciler:
         self.assigned.update(partitions)
         for work_item_id, (p, rec) in latest.items():
             if rules.is_open(rec):
-                self.items[work_item_id] = Tracked(p, rec)
+                t = self.items[work_item_id] = Tracked(p, rec)
+                self._poke(t, work_item_id)
             else:
                 self.done[work_item_id] = _Done(p, rec)
         self._poke()
@@ -451,7 +463,7 @@ class Reconciler:
 
     # ------------------------------------------------------------------ the work topic
 
-    async def _take(self, msg: Any) -> tuple[str | None, Callable[[], Any] | None]:
+    async def _take(self, msg: Any) -> tuple[str | None, asyncio.Future[None] | None]:
         """One record of the work topic: the id of the item it brings (None: none new) and
         the publication of the progress record its commit waits for (None: nothing to
         write)."""
@@ -476,9 +488,10 @@ class Reconciler:
                 now=self.clock(),
                 configured=configured,
             )
+            sent = self._publisher_send_checks(progress, p)
             if configured:
-                self.items[rec.work_item_id] = Tracked(p, progress)
-                self._poke()
+                t = self.items[rec.work_item_id] = Tracked(p, progress)
+                self._poke(t, rec.work_item_id)
             else:
                 if rec.connector not in self._unconfigured_logged:
                     self._unconfigured_logged.add(rec.connector)
@@ -488,19 +501,21 @@ class Reconciler:
                     )
                 self.done[rec.work_item_id] = _Done(p, progress)
                 self.status.outcomes.labels(rec.connector, "UNCONFIGURED").inc()
-            return rec.work_item_id, self._publisher_send_checks(progress, p)
+            return rec.work_item_id, sent
         if isinstance(rec, WorkItemResolution):
             return None, await self._resolve(rec, p)
         return None, None
 
     def _publisher_send_checks(
         self, progress: ReconciliationCheck, partition: int
-    ) -> Callable[[], Any]:
-        return lambda: self.publisher.send(
-            self.checks_topic, progress, progress.work_item_id, partition
-        )
+    ) -> asyncio.Future[None]:
+        """The item's progress record, handed to the producer at once: before any check of
+        the item can produce a later one."""
+        return self.publisher.submit(self.checks_topic, progress, progress.work_item_id, partition)
 
-    async def _resolve(self, res: WorkItemResolution, partition: int) -> Callable[[], Any] | None:
+    async def _resolve(
+        self, res: WorkItemResolution, partition: int
+    ) -> asyncio.Future[None] | None:
         wid = res.work_item_id
         t = self.items.get(wid)
         if t is not None:
@@ -537,7 +552,11 @@ class Reconciler:
 
     # ------------------------------------------------------------------ checks
 
-    def _poke(self) -> None:
+    def _poke(self, t: Tracked | None = None, wid: str | None = None) -> None:
+        """Schedule ``t``'s next check (if any) and wake the scheduler."""
+        if t is not None and wid is not None and t.progress.next_check_at is not None:
+            self._seq += 1
+            heapq.heappush(self._due, (t.progress.next_check_at, self._seq, wid))
         if self._wake is not None:
             self._wake.set()
 
@@ -547,17 +566,19 @@ class Reconciler:
         while not self.stop.is_set():
             now = self.clock()
             soonest: float = SCHEDULER_IDLE
-            for wid, t in list(self.items.items()):
+            while self._due:
+                due, _, wid = self._due[0]
+                wait = (due - now).total_seconds()
+                if wait > 0:
+                    soonest = min(soonest, wait)
+                    break
+                heapq.heappop(self._due)
+                t = self.items.get(wid)
+                if t is None or t.progress.next_check_at != due:
+                    continue  # moved on since it was scheduled
                 if t.task is not None and not t.task.done():
                     continue
-                due = t.progress.next_check_at
-                if due is None:
-                    continue
-                wait = (due - now).total_seconds()
-                if wait <= 0:
-                    t.task = asyncio.create_task(self._check(wid, t), name=f"check-{wid}")
-                else:
-                    soonest = min(soonest, wait)
+                t.task = asyncio.create_task(self._check(wid, t), name=f"check-{wid}")
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=max(soonest, 0.005))
@@ -612,6 +633,7 @@ class Reconciler:
             log.error("publishing the outcome of %s failed (%s); checking again later", wid, exc)
             retry_at = self.clock() + rules.backoff(conn.policy, len(p.checks) + 1, wid)
             t.progress = p.model_copy(update={"next_check_at": retry_at})
+            self._poke(t, wid)
             return
         finally:
             t.publishing = False
@@ -630,7 +652,7 @@ class Reconciler:
             )
         else:
             self.status.retries.labels(p.connector).inc()
-        self._poke()
+            self._poke(t, wid)
 
     # ------------------------------------------------------------------ the loop
 
@@ -703,11 +725,11 @@ class Reconciler:
             if msg.partition() not in self.assigned:
                 continue  # fetched before a revocation
             last[msg.partition()] = msg.offset()
-            taken, send = await self._take(msg)
+            taken, sent = await self._take(msg)
             if taken is not None:
                 new.append(taken)
-            if send is not None:
-                pending.append(send())
+            if sent is not None:
+                pending.append(sent)
         if pending:
             try:
                 await asyncio.gather(*pending)

@@ -52,6 +52,8 @@ def reconcile(
     from streams.reconcilers import ReconcilersFile, load
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # one line per check would drown the log, and a URL may carry a looked-up reference
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     path = reconcilers or os.environ.get("VIGIL_RECONCILERS_FILE") or None
     conf = load(path) if path else ReconcilersFile()
     s = settings_from_flags(bootstrap, registry)
