@@ -12,7 +12,7 @@ LogAppendTime, so record timestamps are when the broker appended them):
   its payment at the provider. Per work item, the time from the work item's append to its
   resolution's append (the pipeline applying the reconciler's VERIFIED): p50, p99, max.
 
-    python -m bench.reconcile [--items 2000] [--ops 300] [--offered 20]
+    python -m bench.reconcile [--items 2000] [--ops 300] [--offered 20] [--sections rate,latency]
 
 Prints a JSON summary. The machine is shared: figures move with its load.
 """
@@ -35,7 +35,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Deployment, delete_deployment, deployment, read_all, ticker, workers
+from bench.harness import (
+    Deployment,
+    cpu_seconds,
+    delete_deployment,
+    deployment,
+    read_all,
+    ticker,
+    workers,
+)
 from streams.contracts.models.base import to_millis
 from streams.contracts.models.enums import OperationEventKind, WorkItemKind
 from streams.contracts.models.events import OperationEvent
@@ -52,8 +60,11 @@ TOKEN = "bench-token"
 
 
 @contextmanager
-def reconciler(dep: Deployment, provider: Provider, **policy: Any) -> Iterator[float]:
-    """One ``vigil reconcile`` on ``dep``; yields the time it was assigned its partitions."""
+def reconciler(
+    dep: Deployment, provider: Provider, **policy: Any
+) -> Iterator[tuple[float, subprocess.Popen[bytes]]]:
+    """One ``vigil reconcile`` on ``dep``; yields the time it was assigned its partitions and
+    the process."""
     conf = dep.workdir / "reconcilers.toml"
     conf.write_text(reconcilers_toml(provider.url, "payments", **policy))
     log_path = dep.workdir / "reconcile.log"
@@ -77,7 +88,7 @@ def reconciler(dep: Deployment, provider: Provider, **policy: Any) -> Iterator[f
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(log_path.read_text()[-3000:])
             time.sleep(0.05)
-        yield time.time()
+        yield time.time(), proc
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -137,11 +148,13 @@ def section_rate(base: Settings, workdir: Path, items: int) -> dict[str, Any]:
             )
         producer.flush()
         checks = dep.topics.reconciliation_checks.name
-        with reconciler(dep, provider, rate=100_000, concurrency=32) as started:
+        with reconciler(dep, provider, rate=100_000, concurrency=32) as (started, proc):
+            cpu_before = cpu_seconds(proc.pid)
             deadline = time.monotonic() + 600
             # two progress records per item: taken, then VERIFIED at the first check
             while records_on(dep, checks) < 2 * items and time.monotonic() < deadline:
                 time.sleep(0.5)
+            cpu = cpu_seconds(proc.pid) - cpu_before
         records = [(t, r) for t, r in decoded(dep, checks) if isinstance(r, ReconciliationCheck)]
         first = min(t for t, _ in records)
         last = max(t for t, r in records if r.state == "VERIFIED")
@@ -151,6 +164,8 @@ def section_rate(base: Settings, workdir: Path, items: int) -> dict[str, Any]:
             "seconds": round((last - first) / 1000, 2),
             "items_per_second": round(items / max((last - first) / 1000, 1e-3), 1),
             "start_to_first_record_s": round(first / 1000 - started, 2),
+            "reconciler_cpu_seconds": round(cpu, 2),
+            "reconciler_cpu_ms_per_item": round(1000 * cpu / items, 2),
             "provider_requests": len(provider.requests),
         }
     finally:
@@ -220,15 +235,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--items", type=int, default=2000)
     ap.add_argument("--ops", type=int, default=300)
     ap.add_argument("--offered", type=float, default=20.0)
+    ap.add_argument("--sections", default="rate,latency")
     args = ap.parse_args(argv)
+    sections = set(args.sections.split(","))
     base = Settings.from_env()
     workdir = Path(tempfile.mkdtemp(prefix="bench-reconcile-"))
-    out = {
-        "load_average": os.getloadavg(),
-        "cores": os.cpu_count(),
-        "rate": section_rate(base, workdir, args.items),
-        "latency": section_latency(base, workdir, args.ops, args.offered),
-    }
+    out: dict[str, Any] = {"load_average_before": os.getloadavg(), "cores": os.cpu_count()}
+    if "rate" in sections:
+        out["rate"] = section_rate(base, workdir, args.items)
+    if "latency" in sections:
+        out["latency"] = section_latency(base, workdir, args.ops, args.offered)
+    out["load_average_after"] = os.getloadavg()
     print(json.dumps(out, indent=2))
     return 0
 
