@@ -197,14 +197,18 @@ class RateLimit:
 
     async def acquire(self) -> None:
         async with self.lock:
-            while True:
-                now = self.clock()
-                self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.rate)
-                self.at = now
-                if self.tokens >= 1.0:
-                    self.tokens -= 1.0
-                    return
+            self._refill()
+            if self.tokens < 1.0:
                 await asyncio.sleep((1.0 - self.tokens) / self.rate)
+                self._refill()
+                # the wait earned the token, whatever rounding the clock's arithmetic did
+                self.tokens = max(self.tokens, 1.0)
+            self.tokens -= 1.0
+
+    def _refill(self) -> None:
+        now = self.clock()
+        self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.rate)
+        self.at = now
 
 
 @dataclass

@@ -237,5 +237,7 @@ OUTPUT_MODELS: tuple[type[Record], ...] = (
     Alert,
     Anomaly,
     DeadLetter,
-    ReconciliationCheck,
 )
+
+#: records written by a vigil service other than the worker (``vigil reconcile``)
+SERVICE_MODELS: tuple[type[Record], ...] = (ReconciliationCheck,)
