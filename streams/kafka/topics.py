@@ -9,7 +9,7 @@ worker task sees every fact of an execution, and the tables used together share 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from functools import cache
 
@@ -96,6 +96,8 @@ class TopicSpec:
     #: inputs: the broker refuses a record timestamp more than this ahead of its own clock
     #: (``message.timestamp.after.max.ms``), the reference of vigil's future-skew check
     future_skew_ms: int | None = None
+    #: who writes an output when it is not the worker (``vigil reconcile``)
+    writer: str | None = None
 
     def config(self) -> dict[str, str]:
         conf = {"cleanup.policy": self.cleanup_policy}
@@ -159,6 +161,7 @@ class Topics:
     alerts: TopicSpec
     anomalies: TopicSpec
     dead_letters: TopicSpec
+    reconciliation_checks: TopicSpec
 
     @classmethod
     def from_settings(cls, s: Settings) -> Topics:
@@ -267,6 +270,18 @@ class Topics:
                 "delete",
                 30,
                 "Undecodable or invalid records with their original bytes.",
+            ),
+            reconciliation_checks=replace(
+                o(
+                    "reconciliation-checks",
+                    "work_item_id (partition: the work item's own)",
+                    (out.ReconciliationCheck,),
+                    "compact",
+                    0,
+                    "vigil reconcile's progress per work item: every check made at the source, "
+                    "its outcome, the next one due.",
+                ),
+                writer="vigil reconcile",
             ),
         )
 
