@@ -30,7 +30,7 @@ from streams.contracts.models.outputs import (
 )
 from streams.core import trace
 from streams.core.findings import AnomalyFinding
-from streams.core.ids import deterministic_id
+from streams.core.ids import deterministic_id, scoped_key
 from streams.emission import Emission
 from streams.kafka.topics import Topics
 
@@ -134,6 +134,8 @@ class Emitter:
         self.counters.outputs[cls.avro_name] += 1
         key_field = cls.key_field
         key = None if key_field is None else fields[key_field]
+        if cls.key_scoped:
+            key = scoped_key(fields["execution_id"], key)
         return Emission(topic, key, record, headers)
 
     def anomaly(self, env: Envelope, record: Record, finding: AnomalyFinding) -> Emission:

@@ -65,8 +65,9 @@ from streams.core.approvals import (
     threshold_resolver,
     to_verdict,
 )
+from streams.core.approvals.evaluation import verdict_id
 from streams.core.approvals.ledger import Settled, from_ms, id_ms, to_ms
-from streams.core.ids import deterministic_id
+from streams.core.ids import deterministic_id, scoped_key
 
 V = ApprovalVerdictCode
 D = DecisionCode
@@ -474,7 +475,8 @@ def test_evaluate_refuses_an_unknown_or_future_request() -> None:
 def test_to_verdict_has_a_deterministic_id() -> None:
     e = evaluate(facts(), AT, TH)
     v = to_verdict(e, V.UNCERTAIN)
-    assert v.verdict_id == deterministic_id("verdict", "r1", V.WAITING, AT)
+    assert v.verdict_id == verdict_id("x1", "r1", V.WAITING, to_ms(AT))
+    assert v.verdict_id == deterministic_id("verdict", scoped_key("x1", "r1"), V.WAITING, AT)
     assert v.previous_verdict is V.UNCERTAIN and v.execution_id == "x1"
     assert v == to_verdict(evaluate(facts(), AT, TH), V.UNCERTAIN)
 
@@ -865,7 +867,9 @@ def test_book_publishes_transitions_stamped_with_their_change_point() -> None:
         (V.STUCK_AFTER_DECISION, V.RESUMING, mm(25)),  # "no receipt" only after the grace
     ]
     assert all(v.thresholds.evaluated_at == v.evaluated_at for v in out)
-    assert out[-1].verdict_id == deterministic_id("verdict", "r1", V.STUCK_AFTER_DECISION, mm(25))
+    assert out[-1].verdict_id == verdict_id(
+        out[-1].execution_id, "r1", V.STUCK_AFTER_DECISION, to_ms(mm(25))
+    )
     book = add_fact(book, receipt(41))
     book, out = advance(book, mm(41), RESOLVE)
     assert [(v.verdict, v.evaluated_at) for v in out] == [(V.RESUMED, mm(41))]

@@ -9,15 +9,15 @@ from hypothesis import given, settings
 from streams.contracts.models.enums import AlertKind, RetryVerdict, WorkItemKind
 from streams.contracts.models.events import OperationEvent
 from streams.contracts.models.outputs import Alert, OperationState, WorkItemResolution
-from streams.core.ids import deterministic_id
 from streams.core.operations import (
     OperationBook,
     OperationStep,
     advance,
     apply_event,
     current_states,
+    work_item_id,
 )
-from tests.test_core_operations import CFG, TABLE, E, K, S, Tick, _steps, at, ev, ms, of, run
+from tests.test_core_operations import CFG, EXE, TABLE, E, K, S, Tick, _steps, at, ev, ms, of, run
 
 V = RetryVerdict
 
@@ -58,7 +58,7 @@ def test_a_rejected_forbidden_retry_leaves_the_verdict_forbidden_while_attempt_1
     None
 ):
     step, states = _unknown_then_forbidden_retry_rejected()
-    wi1 = deterministic_id("wi", "op-1", 1, WorkItemKind.REPLY_TIMEOUT)
+    wi1 = work_item_id(EXE, "op-1", 1, WorkItemKind.REPLY_TIMEOUT)
     last = states[-1]
     # the latest attempt's own facts are shown as they are ...
     assert (last.attempt, last.status) == (2, S.FAILED)
@@ -109,7 +109,7 @@ def test_a_timeout_of_an_older_attempt_republishes_the_operation() -> None:
     (state,) = of(fired, OperationState)
     assert (state.attempt, state.status, state.retry) == (2, S.SENT, V.FORBIDDEN)
     assert (state.held_by_attempt, state.held_by_status) == (1, S.UNKNOWN)
-    assert state.open_work_item_id == deterministic_id("wi", "op-1", 1, WorkItemKind.REPLY_TIMEOUT)
+    assert state.open_work_item_id == work_item_id(EXE, "op-1", 1, WorkItemKind.REPLY_TIMEOUT)
     assert state.since == at(5)  # the latest attempt's own time, unchanged
 
 
@@ -124,7 +124,7 @@ def test_an_operation_sharing_the_idempotency_key_holds_the_verdict_back() -> No
     state = of(step, OperationState)[-1]
     assert (state.operation_id, state.status, state.retry) == ("op-2", S.FAILED, V.FORBIDDEN)
     assert (state.held_by_operation_id, state.held_by_attempt) == ("op-1", 1)
-    assert state.open_work_item_id == deterministic_id("wi", "op-1", 1, WorkItemKind.REPLY_TIMEOUT)
+    assert state.open_work_item_id == work_item_id(EXE, "op-1", 1, WorkItemKind.REPLY_TIMEOUT)
     # op-1's settlement re-publishes op-2 too; another key's operation is not touched
     book = run(ev(K.SENT, 42, op="op-3", key="pay-8"), book=step.book).book
     settled = run(ev(K.FAILED, 90, op="op-1", key="pay-7", source=E.CONNECTOR), book=book)

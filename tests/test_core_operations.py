@@ -32,12 +32,12 @@ from streams.contracts.models.outputs import (
     WorkItemResolution,
 )
 from streams.core.executions import from_ms, to_ms
-from streams.core.ids import deterministic_id
 from streams.core.operations import (
     NEXT_STEP_FORBIDDEN,
     NEXT_STEP_UNKNOWN,
     SETTLED,
     SOURCE_EVIDENCE,
+    VERIFIED_BY_SHARED_KEY,
     AttemptRecord,
     OperationBook,
     OperationConfig,
@@ -48,7 +48,10 @@ from streams.core.operations import (
     load_book,
     next_deadline,
     open_operation_ids,
+    operation_alert_id,
+    resolution_id,
     retry_verdict,
+    work_item_id,
 )
 
 K = OperationEventKind
@@ -208,7 +211,7 @@ def test_reply_timeout_makes_unknown_with_a_work_item_and_an_alert() -> None:
     assert (state.status, state.reason, state.since) == (S.UNKNOWN, "reply_timeout", at(30))
     assert state.retry is RetryVerdict.FORBIDDEN
     assert state.open_work_item_id == item.work_item_id
-    assert item.work_item_id == deterministic_id("wi", "op-1", 1, WorkItemKind.REPLY_TIMEOUT)
+    assert item.work_item_id == work_item_id(EXE, "op-1", 1, WorkItemKind.REPLY_TIMEOUT)
     assert (item.kind, item.deadline, item.created_at) == (
         WorkItemKind.REPLY_TIMEOUT,
         at(30),
@@ -251,9 +254,9 @@ def test_source_evidence_settles_unknown_and_resolves_the_work_item(source: E, k
     state, resolution, resolved = step.outputs
     assert isinstance(state, OperationState) and state.status.value == kind.value
     assert state.open_work_item_id is None and state.retry is TABLE[state.status]
-    wi = deterministic_id("wi", "op-1", 1, WorkItemKind.REPLY_TIMEOUT)
+    wi = work_item_id(EXE, "op-1", 1, WorkItemKind.REPLY_TIMEOUT)
     assert resolution == WorkItemResolution(
-        resolution_id=deterministic_id("wr", wi, kind.value),
+        resolution_id=resolution_id(EXE, "op-1", wi, S(kind.value)),
         work_item_id=wi,
         operation_id="op-1",
         execution_id=EXE,
@@ -263,8 +266,8 @@ def test_source_evidence_settles_unknown_and_resolves_the_work_item(source: E, k
         resolved_at=at(90),
     )
     assert isinstance(resolved, Alert) and resolved.status is AlertStatus.RESOLVED
-    assert resolved.resolves_alert_id == deterministic_id(
-        "alert", AlertKind.OPERATION_UNKNOWN, "op-1", 1, "reply_timeout"
+    assert resolved.resolves_alert_id == operation_alert_id(
+        EXE, "op-1", 1, AlertKind.OPERATION_UNKNOWN, "reply_timeout"
     )
     assert open_operation_ids(step.book) == ()
 
@@ -596,7 +599,16 @@ def test_unknown_settles_only_on_source_evidence_and_a_timeout_never_fails(steps
                     assert (old, rec.status) == (S.SENT, S.UNKNOWN)
                     timed_out.add((op_id, a))
                     continue
-                assert (s.operation_id, s.attempt) == (op_id, a)  # only the event's attempt
+                if (s.operation_id, s.attempt) != (op_id, a):
+                    # only the event's attempt, or one a source's VERIFIED settles by the
+                    # idempotency key they share
+                    verified = after.operations[s.operation_id].attempts[s.attempt]
+                    assert s.kind is K.VERIFIED and s.evidence_source in SOURCE_EVIDENCE
+                    assert verified.status is S.VERIFIED
+                    assert old in (S.UNKNOWN, S.RECONCILING) and rec.status is S.VERIFIED
+                    assert rec.reason == VERIFIED_BY_SHARED_KEY
+                    assert rec.idempotency_key == verified.idempotency_key is not None
+                    continue
                 if old in (S.UNKNOWN, S.RECONCILING, S.MANUAL_REVIEW) and rec.status in SETTLED:
                     assert s.kind in (K.VERIFIED, K.FAILED)
                     assert s.evidence_source in SOURCE_EVIDENCE
@@ -633,7 +645,7 @@ def test_replay_and_redelivery_give_the_same_ids(steps: list) -> None:
     items = [o for outs in first for o in outs if isinstance(o, ReconciliationWorkItem)]
     assert len({i.work_item_id for i in items}) == len(items)  # each item opened once
     for i in items:
-        assert i.work_item_id == deterministic_id("wi", i.operation_id, i.attempt, i.kind)
+        assert i.work_item_id == work_item_id(i.execution_id, i.operation_id, i.attempt, i.kind)
     opened = {i.work_item_id for i in items}
     for outs in first:
         for o in outs:

@@ -82,6 +82,15 @@ def _topic_configuration(spec: TopicSpec) -> dict[str, Any]:
 def _key_schema(model: type[Record], spec: TopicSpec) -> dict[str, Any]:
     if model.key_field is None:
         return {"type": "null", "description": "Unkeyed: a tick is written to each partition."}
+    if model.key_scoped:
+        return {
+            "type": "string",
+            "description": (
+                f"UTF-8 text of the record's execution_id and {model.key_field}, each "
+                "percent-encoded (RFC 3986: every character but A-Z a-z 0-9 - . _ ~ as %XX of "
+                f"its UTF-8 bytes), joined by '/' (topic key: {spec.key})."
+            ),
+        }
     return {
         "type": "string",
         "description": f"UTF-8 text of the record's {model.key_field} (topic key: {spec.key}).",

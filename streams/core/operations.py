@@ -68,7 +68,7 @@ from streams.contracts.models.outputs import (
 )
 from streams.core.executions import from_ms, id_ms, to_ms
 from streams.core.findings import AnomalyFinding
-from streams.core.ids import deterministic_id
+from streams.core.ids import deterministic_id, scoped_key
 
 S = OperationStatus
 K = OperationEventKind
@@ -124,6 +124,29 @@ _RESTRICTION: Mapping[RetryVerdict, int] = {
     RetryVerdict.OWNER_DECIDES: 4,
     RetryVerdict.FORBIDDEN: 5,
 }
+
+
+def work_item_id(execution_id: str, operation_id: str, attempt: int, kind: WorkItemKind) -> str:
+    """The id of the work item a deadline of an attempt opens (docs/rules.md#ids-and-keys):
+    scoped by the execution, since operation ids repeat across executions."""
+    return deterministic_id("wi", scoped_key(execution_id, operation_id), attempt, kind)
+
+
+def resolution_id(
+    execution_id: str, operation_id: str, item_id: str, outcome: OperationStatus
+) -> str:
+    """The id of the resolution of work item ``item_id`` (scoped too: an item opened before
+    ids were scoped may share its id with another execution's)."""
+    return deterministic_id("wr", scoped_key(execution_id, operation_id), item_id, outcome)
+
+
+def operation_alert_id(
+    execution_id: str, operation_id: str, attempt: int, kind: AlertKind, reason: str
+) -> str:
+    """The id of an OPERATION_UNKNOWN or VERIFICATION_OVERDUE alert of an attempt: ``reason``
+    is the reason that fired it (``reply_timeout``, ``verification_timeout``), or
+    ``settled_<status>`` for the RESOLVED alert that ends it."""
+    return deterministic_id("alert", kind, scoped_key(execution_id, operation_id), attempt, reason)
 
 
 def retry_verdict(status: OperationStatus) -> RetryVerdict:
@@ -354,7 +377,8 @@ def _state(book: OperationBook, operation_id: str, cause: str | None = None) -> 
     # The reason is part of the id: ACKNOWLEDGED and ACKNOWLEDGED-but-overdue are two
     # different records with the same status and ``since``. RECONCILING and MANUAL_REVIEW may
     # alternate, at one instant too: the times the status was entered tell them apart.
-    parts: list[object] = [operation_id, rec.attempt, rec.status, id_ms(rec.since), rec.reason]
+    key = scoped_key(book.execution_id, operation_id)
+    parts: list[object] = [key, rec.attempt, rec.status, id_ms(rec.since), rec.reason]
     if rec.status in _REPEATABLE:
         entered = sum(1 for k in rec.kinds if k.value == rec.status.value)
         if entered > 1:
@@ -519,7 +543,11 @@ def _forbidden_retry(book: OperationBook, event: OperationEvent, key: str | None
     refs = tuple(f"previous={op}#{rec.attempt}:{rec.status}" for op, rec in blocking)
     return Alert(
         alert_id=deterministic_id(
-            "alert", AlertKind.FORBIDDEN_RETRY, event.operation_id, event.attempt, *refs
+            "alert",
+            AlertKind.FORBIDDEN_RETRY,
+            scoped_key(book.execution_id, event.operation_id),
+            event.attempt,
+            *refs,
         ),
         kind=AlertKind.FORBIDDEN_RETRY,
         status=AlertStatus.FIRING,
@@ -540,15 +568,31 @@ def _forbidden_retry(book: OperationBook, event: OperationEvent, key: str | None
 
 
 def _settle(
-    book: OperationBook, operation_id: str, rec: AttemptRecord, event: OperationEvent
+    book: OperationBook,
+    operation_id: str,
+    rec: AttemptRecord,
+    event: OperationEvent,
+    verified_by: tuple[str, int] | None = None,
 ) -> list[Record]:
     """Resolution records for an attempt that just settled with an open work item: the
-    ``WorkItemResolution`` (whoever works the item can stop) and the RESOLVED alert."""
+    ``WorkItemResolution`` (whoever works the item can stop) and the RESOLVED alert.
+    ``verified_by`` names the attempt whose VERIFIED settled this one by their shared
+    idempotency key (``_shared_key_siblings``); both records then say so in their evidence."""
     if rec.work_item_id is None:
         return []
+    shared: tuple[str, ...] = ()
+    because = ""
+    if verified_by is not None:
+        shared = (
+            f"verified_by={verified_by[0]}#{verified_by[1]}",
+            f"idempotency_key={rec.idempotency_key}",
+        )
+        because = f" (attempt {verified_by[0]}#{verified_by[1]} under the same idempotency key)"
     out: list[Record] = [
         WorkItemResolution(
-            resolution_id=deterministic_id("wr", rec.work_item_id, rec.status),
+            resolution_id=resolution_id(
+                book.execution_id, operation_id, rec.work_item_id, rec.status
+            ),
             work_item_id=rec.work_item_id,
             operation_id=operation_id,
             execution_id=book.execution_id,
@@ -556,6 +600,7 @@ def _settle(
             outcome=rec.status,
             evidence_source=event.evidence_source,
             resolved_at=event.occurred_at,
+            evidence=shared,
         )
     ]
     if rec.alert_id is not None:
@@ -566,8 +611,8 @@ def _settle(
         )
         out.append(
             Alert(
-                alert_id=deterministic_id(
-                    "alert", kind, operation_id, rec.attempt, f"settled_{rec.status}"
+                alert_id=operation_alert_id(
+                    book.execution_id, operation_id, rec.attempt, kind, f"settled_{rec.status}"
                 ),
                 kind=kind,
                 status=AlertStatus.RESOLVED,
@@ -576,10 +621,13 @@ def _settle(
                 subject_id=operation_id,
                 verdict=rec.status.value,
                 owner=Owner.CONNECTOR_OWNER,
-                next_step=f"none: settled {rec.status} on evidence from {event.evidence_source}",
+                next_step=(
+                    f"none: settled {rec.status} on evidence from {event.evidence_source}{because}"
+                ),
                 evidence=(
                     f"attempt={operation_id}#{rec.attempt}",
                     f"work_item={rec.work_item_id}",
+                    *shared,
                     f"event={event.event_id}",
                 ),
                 occurred_at=event.occurred_at,
@@ -587,6 +635,34 @@ def _settle(
             )
         )
     return out
+
+
+def _shared_key_siblings(
+    book: OperationBook, operation_id: str, rec: AttemptRecord
+) -> list[tuple[str, AttemptRecord]]:
+    """The attempts that a source's VERIFIED of ``rec`` settles as well
+    (docs/rules.md#shared-idempotency-key-evidence): every other attempt of the execution that
+    carries the same idempotency key and is UNKNOWN or RECONCILING. The key makes them one
+    effect, and that effect is now verified. By operation id, then attempt number. Attempts
+    without that key stay open (they may be a second effect), and MANUAL_REVIEW stays with the
+    person who has it."""
+    key = rec.idempotency_key
+    if not key:
+        return []
+    found = []
+    for op_id in sorted(book.by_idempotency_key.get(key, ())):
+        for number, other in sorted(book.operations[op_id].attempts.items()):
+            if (op_id, number) == (operation_id, rec.attempt):
+                continue
+            if other.idempotency_key == key and other.status in _SETTLED_BY_SHARED_KEY:
+                found.append((op_id, other))
+    return found
+
+
+#: Statuses an attempt is settled from by a VERIFIED of another attempt with its key.
+_SETTLED_BY_SHARED_KEY: frozenset[OperationStatus] = frozenset({S.UNKNOWN, S.RECONCILING})
+#: The reason of an attempt so settled.
+VERIFIED_BY_SHARED_KEY = "verified_by_shared_idempotency_key"
 
 
 def apply_event(
@@ -680,6 +756,16 @@ def apply_event(
     old_key = old.idempotency_key if old else None
     outputs: list[Record] = [*_states(before, book, event.operation_id, rec, old_key, cause)]
     outputs.extend(settled)
+    if status is S.VERIFIED and event.evidence_source in SOURCE_EVIDENCE:
+        verified_by = (event.operation_id, event.attempt)
+        for op_id, sibling in _shared_key_siblings(book, event.operation_id, rec):
+            done = sibling._replace(status=S.VERIFIED, reason=VERIFIED_BY_SHARED_KEY, since=t)
+            records = _settle(book, op_id, done, event, verified_by)
+            done = done._replace(work_item_id=None, work_item_kind=None, alert_id=None)
+            before, book = book, _put(book, op_id, done)
+            key = done.idempotency_key
+            outputs.extend(_states(before, book, op_id, done, key, cause))
+            outputs.extend(records)
     if alert is not None:
         outputs.append(alert)
     return OperationStep(book, tuple(outputs), ())
@@ -709,8 +795,8 @@ def _fire(
         # Transport was confirmed: that fact stays true. The state says why it needs
         # reconciliation; the retry verdict (WAIT) is already "do not resend".
         status, since = S.ACKNOWLEDGED, rec.since
-    wi_id = deterministic_id("wi", operation_id, rec.attempt, wi_kind)
-    alert_id = deterministic_id("alert", alert_kind, operation_id, rec.attempt, reason)
+    wi_id = work_item_id(book.execution_id, operation_id, rec.attempt, wi_kind)
+    alert_id = operation_alert_id(book.execution_id, operation_id, rec.attempt, alert_kind, reason)
     rec = rec._replace(
         status=status,
         since=since,

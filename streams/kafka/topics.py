@@ -165,7 +165,7 @@ class Topics:
             ),
             operation_state=o(
                 "operation-state",
-                "operation_id",
+                "execution_id/operation_id",
                 (out.OperationState,),
                 "compact",
                 0,
@@ -173,7 +173,7 @@ class Topics:
             ),
             reconciliation_work=o(
                 "reconciliation-work",
-                "operation_id",
+                "execution_id/operation_id",
                 (out.ReconciliationWorkItem, out.WorkItemResolution),
                 "delete",
                 30,
@@ -181,7 +181,7 @@ class Topics:
             ),
             approval_verdicts=o(
                 "approval-verdicts",
-                "request_id",
+                "execution_id/request_id",
                 (out.ApprovalVerdict,),
                 "delete",
                 30,
@@ -189,7 +189,7 @@ class Topics:
             ),
             alerts=o(
                 "alerts",
-                "subject_id",
+                "execution_id/subject_id",
                 (out.Alert,),
                 "delete",
                 30,

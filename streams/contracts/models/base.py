@@ -12,6 +12,8 @@ from typing import Annotated, Any, ClassVar, TypeVar
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict
 
+from streams.contracts.keys import scoped_key
+
 #: The Avro contracts: the top-level ``schemas/`` directory, packaged as
 #: ``streams.contracts.schemas`` (pyproject maps it), so an installed wheel has them too.
 SCHEMA_DIR = Path(str(resources.files("streams.contracts.schemas")))
@@ -103,6 +105,9 @@ class Record(BaseModel):
     avro_name: ClassVar[str]
     #: Field whose value is the Kafka key (``None``: unkeyed, like clock ticks).
     key_field: ClassVar[str | None] = "execution_id"
+    #: The key is ``scoped_key(execution_id, <key_field>)``: the field names an operation or
+    #: an approval request (or an alert's subject), which is unique only within its execution.
+    key_scoped: ClassVar[bool] = False
     #: Field whose value is the Kafka record timestamp: event time, never the send time.
     time_field: ClassVar[str | None] = "occurred_at"
 
@@ -120,7 +125,12 @@ class Record(BaseModel):
         return f"{s['namespace']}.{s['name']}"
 
     def kafka_key(self) -> str | None:
-        return None if self.key_field is None else getattr(self, self.key_field)
+        if self.key_field is None:
+            return None
+        value = getattr(self, self.key_field)
+        if self.key_scoped:
+            return scoped_key(self.execution_id, value)
+        return value
 
     def to_avro(self) -> dict[str, Any]:
         """The dict that fastavro writes: enums as their symbol strings, nested records as dicts."""

@@ -40,6 +40,7 @@ class OperationState(Record):
     avro_name = "OperationState"
     time_field = "since"
     key_field = "operation_id"
+    key_scoped = True
     operation_id: str
     execution_id: str
     attempt: int
@@ -64,6 +65,7 @@ class ReconciliationWorkItem(Record):
     avro_name = "ReconciliationWorkItem"
     time_field = "created_at"
     key_field = "operation_id"
+    key_scoped = True
     work_item_id: str
     operation_id: str
     execution_id: str
@@ -81,6 +83,7 @@ class WorkItemResolution(Record):
     avro_name = "WorkItemResolution"
     time_field = "resolved_at"
     key_field = "operation_id"
+    key_scoped = True
     resolution_id: str
     work_item_id: str
     operation_id: str
@@ -90,6 +93,7 @@ class WorkItemResolution(Record):
     evidence_source: EvidenceSource
     resolved_at: Millis
     traceparent: str | None = None
+    evidence: tuple[str, ...] = ()
 
 
 class ProofFinding(Record):
@@ -117,6 +121,7 @@ class ApprovalVerdict(Record):
     avro_name = "ApprovalVerdict"
     time_field = "evaluated_at"
     key_field = "request_id"
+    key_scoped = True
     verdict_id: str
     request_id: str
     execution_id: str
@@ -135,6 +140,7 @@ class ApprovalVerdict(Record):
 class Alert(Record):
     avro_name = "Alert"
     key_field = "subject_id"
+    key_scoped = True
     alert_id: str
     kind: AlertKind
     status: AlertStatus

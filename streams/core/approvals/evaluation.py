@@ -85,7 +85,7 @@ from streams.core.approvals.vocabulary import (
     VERDICT_GUIDANCE,
     V,
 )
-from streams.core.ids import deterministic_id
+from streams.core.ids import deterministic_id, scoped_key
 
 
 class Evaluation(_TimedModel):
@@ -416,6 +416,14 @@ def change_points(facts: ApprovalFacts, thresholds: ThresholdSet) -> tuple[datet
     return tuple(sorted(points))
 
 
+def verdict_id(
+    execution_id: str | None, request_id: str, verdict: ApprovalVerdictCode, at_ms: int
+) -> str:
+    """The id of the verdict record of a request at a change point (epoch ms): scoped by the
+    execution (docs/rules.md#ids-and-keys), since request ids repeat across executions."""
+    return deterministic_id("verdict", scoped_key(execution_id or "", request_id), verdict, at_ms)
+
+
 def to_verdict(
     evaluation: Evaluation,
     previous: ApprovalVerdictCode | None = None,
@@ -429,8 +437,11 @@ def to_verdict(
     return construct(
         ApprovalVerdict,
         {
-            "verdict_id": deterministic_id(
-                "verdict", evaluation.request_id, evaluation.verdict, evaluation.evaluated_at
+            "verdict_id": verdict_id(
+                evaluation.execution_id,
+                evaluation.request_id,
+                evaluation.verdict,
+                int(evaluation.evaluated_at.timestamp() * 1000),
             ),
             "request_id": evaluation.request_id,
             "execution_id": evaluation.execution_id or "",

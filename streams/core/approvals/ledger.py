@@ -54,7 +54,7 @@ from streams.core.approvals.book import (
     LastVerdict,
     _merge_request,
 )
-from streams.core.approvals.evaluation import REASON_SEPARATOR
+from streams.core.approvals.evaluation import REASON_SEPARATOR, verdict_id
 from streams.core.approvals.facts import (
     ApprovalFacts,
     DecisionFact,
@@ -88,7 +88,6 @@ from streams.core.approvals.vocabulary import (
     VERDICT_GUIDANCE,
     V,
 )
-from streams.core.ids import deterministic_id
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ONE_MS = timedelta(milliseconds=1)
@@ -529,8 +528,8 @@ class Ledger:
                 verdict, findings = _judge(self, r, req, point)
                 if previous is None or previous[0] is not verdict:
                     if previous is not None and previous_id is None:
-                        previous_id = deterministic_id(
-                            "verdict", rid, previous[0], id_ms(previous[1])
+                        previous_id = verdict_id(
+                            r.execution_id, rid, previous[0], id_ms(previous[1])
                         )
                     record = _record(r, req, point, verdict, findings, previous)
                     emitted.append((point, rid, record, previous_id))
@@ -1045,7 +1044,7 @@ def _record(
     return construct(
         ApprovalVerdict,
         {
-            "verdict_id": deterministic_id("verdict", r.request_id, verdict, id_ms(at)),
+            "verdict_id": verdict_id(r.execution_id, r.request_id, verdict, id_ms(at)),
             "request_id": r.request_id,
             "execution_id": r.execution_id or "",
             "verdict": verdict,
