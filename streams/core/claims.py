@@ -39,8 +39,10 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from streams.contracts.models.enums import OperationStatus
+from streams.contracts.models.outputs import ClaimsProgress, IdempotencyClaim, RetryLink
+from streams.core.executions import from_ms, to_ms
 from streams.core.ids import deterministic_id
-from streams.core.operations import BLOCKS_RETRY
+from streams.core.operations import BLOCKS_RETRY, OperationBook
 
 S = OperationStatus
 
@@ -444,3 +446,80 @@ def load_watermarks(text: str) -> Watermarks:
 
 def links_of(findings: Iterable[Finding]) -> list[Link]:
     return [f for f in findings if isinstance(f, Link)]
+
+
+# -- the records ----------------------------------------------------------------------------
+def claims_of(book: OperationBook, operation_ids: Iterable[str]) -> list[Claim]:
+    """The claim of every attempt with an idempotency key of these operations: its status
+    and since (the worker publishes them after each step that published the operation's
+    state; a claim repeated unchanged is ignored by the join)."""
+    out: list[Claim] = []
+    for op_id in operation_ids:
+        op = book.operations.get(op_id)
+        if op is None:
+            continue
+        for number in sorted(op.attempts):
+            rec = op.attempts[number]
+            if rec.idempotency_key:
+                out.append(
+                    Claim(
+                        rec.connector,
+                        rec.idempotency_key,
+                        book.execution_id,
+                        op_id,
+                        number,
+                        rec.status,
+                        rec.since,
+                    )
+                )
+    return out
+
+
+def claim_record(claim: Claim) -> IdempotencyClaim:
+    return IdempotencyClaim(
+        claim_id=claim.claim_id,
+        connector=claim.connector,
+        idempotency_key=claim.key,
+        execution_id=claim.execution_id,
+        operation_id=claim.operation_id,
+        attempt=claim.attempt,
+        status=claim.status,
+        occurred_at=from_ms(claim.at),
+    )
+
+
+def claim_of(record: IdempotencyClaim) -> Claim:
+    return Claim(
+        record.connector,
+        record.idempotency_key,
+        record.execution_id,
+        record.operation_id,
+        record.attempt,
+        record.status,
+        to_ms(record.occurred_at),
+    )
+
+
+def progress_record(source: int, partitions: int, watermark: int) -> ClaimsProgress:
+    return ClaimsProgress(
+        source_partition=source, partitions=partitions, occurred_at=from_ms(watermark)
+    )
+
+
+def link_record(link: Link) -> RetryLink:
+    return RetryLink(
+        link_id=link.link_id,
+        conflict_id=link.conflict_id,
+        kind=link.kind,
+        role=link.role,
+        execution_id=link.receiver[0],
+        operation_id=link.receiver[1],
+        attempt=link.receiver[2],
+        other_execution_id=link.other[0],
+        other_operation_id=link.other[1],
+        other_attempt=link.other[2],
+        other_status=link.other_status,
+        connector=link.connector,
+        idempotency_key=link.key,
+        occurred_at=from_ms(link.at),
+    )
