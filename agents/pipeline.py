@@ -23,6 +23,7 @@ import faust
 from faust.types import TP
 
 from agents.changelog import DirectTable
+from agents.claims import ClaimsStage
 from agents.drain import BatchDrain
 from agents.fetch_pace import FetchPace, FetchSizes, apply_sizes, running_fetcher
 from agents.lease import MembershipLease
@@ -262,8 +263,11 @@ class Worker:
         self.settings = settings
         self.codec = codec
         topics = Topics.from_settings(settings)
-        schema = SafeAvroSchema(codec, {t.name: t.value_types for t in topics.inputs()})
-        self.source = app.topic(*(t.name for t in topics.inputs()), schema=schema)
+        # The inputs, and the retry links the claims join sends back (``agents/claims.py``):
+        # keyed by execution id like the inputs, applied at once (no watermark: decided).
+        read = (*topics.inputs(), topics.retry_links)
+        schema = SafeAvroSchema(codec, {t.name: t.value_types for t in read})
+        self.source = app.topic(*(t.name for t in read), schema=schema)
         n = settings.partitions
         self.executions = DirectTable(_table(app, "executions", n, packed=True))
         self.clocks = DirectTable(_table(app, "partition-clocks", n))
@@ -279,7 +283,12 @@ class Worker:
         # input would be judged a DUPLICATE or AFTER_TERMINAL anomaly.
         self.committed_now: dict[tuple[str, int], int | None] = {}
         self.processor = Processor.from_settings(
-            settings, topics, stores, write_behind=True, committed=self.committed
+            settings,
+            topics,
+            stores,
+            write_behind=True,
+            committed=self.committed,
+            cross_execution=True,
         )
         self.feed = Feed(codec.decode)
         self.guard = OffsetGuard()
@@ -295,8 +304,10 @@ class Worker:
         self.generation = 0
         self.last_seek: dict[tuple[str, int], float] = {}
         self.arrived: dict[tuple[str, int], float] = {}
-        self.input_names = {t.name for t in topics.inputs()}
-        self.allowed = {t.name: t.value_types for t in topics.inputs()}
+        self.input_names = {t.name for t in read}
+        self.allowed = {t.name: t.value_types for t in read}
+        #: the claims join running beside the pipeline (``agents/claims.py``), set by ``register``
+        self.claims: Any = None
         # Outputs go through librdkafka (confluent-kafka): a produce call costs a few
         # microseconds, where aiokafka's send is a coroutine, a future and a callback per
         # record. Idempotent, acks=all, murmur2 on the key as Java clients and Faust partition.
@@ -733,7 +744,9 @@ class Worker:
 
 def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     """The worker's pipeline on ``app``; returns its processor."""
-    return Worker(app, settings, codec).processor
+    worker = Worker(app, settings, codec)
+    worker.claims = ClaimsStage(app, settings, codec, settings.claims_grace)
+    return worker.processor
 
 
 def _install_drain(

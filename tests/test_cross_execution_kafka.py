@@ -1,0 +1,179 @@
+"""Blind retries across executions through the real broker, registry and worker
+(docs/rules.md#blind-retries-across-executions): two executions in different partitions send
+with the same connector and idempotency key. A's send times out (UNKNOWN), then B sends: one
+FORBIDDEN_RETRY alert naming both executions, and both operation states FORBIDDEN, held by the
+other execution's attempt. The same outputs with the partitions split between two workers.
+A's attempt FAILED before B sends: no alert, no hold."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streams.contracts.models.enums import (
+    AlertKind,
+    EvidenceSource,
+    OperationEventKind,
+    OperationStatus,
+    RetryVerdict,
+)
+from streams.contracts.models.events import OperationEvent
+from streams.contracts.models.outputs import Alert, OperationState
+from streams.kafka.partitioning import partition_of
+from tests.support import deployment, worker
+
+pytestmark = pytest.mark.kafka
+T0 = datetime(2026, 7, 26, 9, 16, 5, tzinfo=UTC)
+PARTITIONS = 2
+K = OperationEventKind
+
+
+def _on(partition: int, stem: str) -> str:
+    """An execution id that murmur2 puts on ``partition``."""
+    return next(
+        f"{stem}-{i}" for i in range(1000) if partition_of(f"{stem}-{i}", PARTITIONS) == partition
+    )
+
+
+def op(ex: str, n: int, kind: OperationEventKind, at: timedelta, **kw: Any) -> OperationEvent:
+    return OperationEvent(
+        event_id=f"{ex}-{n}",
+        execution_id=ex,
+        operation_id="charge-1",  # agent frameworks reuse such names across runs
+        attempt=1,
+        idempotency_key="order-42",
+        connector="payments",
+        kind=kind,
+        occurred_at=T0 + at,
+        **kw,
+    )
+
+
+def scenario(a: str, b: str, *, a_fails_first: bool) -> list[OperationEvent]:
+    """A sends at T0 (reply due 30 s later); then either A is rejected at +40 s or not; B
+    sends at +4 min."""
+    events = [op(a, 1, K.SENT, timedelta(0), reply_due_at=T0 + timedelta(seconds=30))]
+    if a_fails_first:
+        events.append(
+            op(a, 2, K.FAILED, timedelta(seconds=40), evidence_source=EvidenceSource.CONNECTOR)
+        )
+    events.append(op(b, 1, K.SENT, timedelta(minutes=4), reply_due_at=T0 + timedelta(minutes=9)))
+    return events
+
+
+def run(cluster: Any, tmp_path: Path, workers: int, *, a_fails_first: bool) -> dict[str, Any]:
+    dep = deployment(cluster, tmp_path, partitions=PARTITIONS)
+    a, b = _on(0, "exec-a"), _on(1, "exec-b")
+    dep.produce(scenario(a, b, a_fails_first=a_fails_first))
+    dep.tick(T0 + timedelta(minutes=5))
+    topics = [dep.topics.alerts.name, dep.topics.operation_state.name]
+
+    def held_both(rs: list[Any]) -> bool:
+        held = {
+            r.record.execution_id
+            for r in rs
+            if isinstance(r.record, OperationState) and r.record.held_by_execution_id
+        }
+        return held == {a, b}
+
+    def b_sent(rs: list[Any]) -> bool:
+        return any(
+            isinstance(r.record, OperationState)
+            and r.record.execution_id == b
+            and r.record.status is OperationStatus.SENT
+            for r in rs
+        )
+
+    with _workers(dep, workers):
+        if a_fails_first:
+            got = dep.read_until(topics, b_sent, timeout=90)
+            # the join decides within a tick or two; give it time to (wrongly) find something
+            dep.tick(T0 + timedelta(minutes=6))
+            got = dep.read(topics, idle=6.0)
+        else:
+            got = dep.read_until(topics, held_both, timeout=90)
+            got = dep.read(topics, idle=3.0)  # and nothing more comes
+    return {"a": a, "b": b, "records": [r.record for r in got]}
+
+
+class _workers:
+    """One or two worker processes on the deployment."""
+
+    def __init__(self, dep: Any, n: int) -> None:
+        self.contexts = [worker(dep) for _ in range(n)]
+
+    def __enter__(self) -> None:
+        for c in self.contexts:
+            c.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        for c in reversed(self.contexts):
+            c.__exit__(*exc)
+
+
+def _forbidden(records: list[Any]) -> list[Alert]:
+    return [r for r in records if isinstance(r, Alert) and r.kind is AlertKind.FORBIDDEN_RETRY]
+
+
+def _last_states(records: list[Any]) -> dict[str, OperationState]:
+    last: dict[str, OperationState] = {}
+    for r in records:
+        if isinstance(r, OperationState):
+            last[r.execution_id] = r
+    return last
+
+
+def _outcome(run_: dict[str, Any]) -> tuple[Any, ...]:
+    """What must not depend on how many workers there are: the alerts by id and the final
+    state of each operation."""
+    alerts = sorted((a.alert_id, a.execution_id, a.evidence) for a in _forbidden(run_["records"]))
+    states = _last_states(run_["records"])
+    return tuple(alerts), tuple(sorted((k, v.state_id) for k, v in states.items()))
+
+
+@pytest.fixture(scope="module")
+def one_worker(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run(cluster, tmp_path_factory.mktemp("one"), 1, a_fails_first=False)
+
+
+def test_a_send_behind_another_executions_unknown_attempt_is_a_forbidden_retry(
+    one_worker: dict[str, Any],
+) -> None:
+    a, b, records = one_worker["a"], one_worker["b"], one_worker["records"]
+    (alert,) = {x.alert_id: x for x in _forbidden(records)}.values()
+    assert alert.execution_id == b and alert.subject_id == "charge-1"
+    assert alert.verdict == "UNKNOWN"
+    assert f"execution={b}" in alert.evidence and f"previous_execution={a}" in alert.evidence
+    assert "idempotency_key=order-42" in alert.evidence
+    assert alert.occurred_at == T0 + timedelta(minutes=4)  # B's send: event time, not arrival
+    states = _last_states(records)
+    held_a, held_b = states[a], states[b]
+    assert held_b.status is OperationStatus.SENT and held_b.retry is RetryVerdict.FORBIDDEN
+    assert (held_b.held_by_execution_id, held_b.held_by_operation_id) == (a, "charge-1")
+    assert (held_b.held_by_attempt, held_b.held_by_status) == (1, OperationStatus.UNKNOWN)
+    assert held_a.status is OperationStatus.UNKNOWN and held_a.retry is RetryVerdict.FORBIDDEN
+    assert (held_a.held_by_execution_id, held_a.held_by_operation_id) == (b, "charge-1")
+    assert held_a.held_by_status is OperationStatus.SENT
+
+
+def test_two_workers_give_the_same_outputs(
+    cluster: Any, tmp_path: Path, one_worker: dict[str, Any]
+) -> None:
+    two = run(cluster, tmp_path, 2, a_fails_first=False)
+    # different deployments: the execution ids are the same, so are the ids derived from them
+    assert (two["a"], two["b"]) == (one_worker["a"], one_worker["b"])
+    assert _outcome(two) == _outcome(one_worker)
+
+
+def test_a_new_send_after_the_other_attempt_failed_is_no_retry(
+    cluster: Any, tmp_path: Path
+) -> None:
+    got = run(cluster, tmp_path, 1, a_fails_first=True)
+    assert _forbidden(got["records"]) == []
+    assert all(
+        s.held_by_execution_id is None for s in got["records"] if isinstance(s, OperationState)
+    )
+    assert _last_states(got["records"])[got["b"]].retry is RetryVerdict.WAIT
