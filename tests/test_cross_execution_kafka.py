@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from streams.contracts.models.enums import (
@@ -21,7 +22,7 @@ from streams.contracts.models.enums import (
     RetryVerdict,
 )
 from streams.contracts.models.events import OperationEvent
-from streams.contracts.models.outputs import Alert, OperationState
+from streams.contracts.models.outputs import Alert, ClaimsProgress, OperationState
 from streams.kafka.partitioning import partition_of
 from tests.support import deployment, worker
 
@@ -87,7 +88,7 @@ def run(cluster: Any, tmp_path: Path, workers: int, *, a_fails_first: bool) -> d
             for r in rs
         )
 
-    with _workers(dep, workers):
+    with _workers(dep, workers) as procs:
         if a_fails_first:
             got = dep.read_until(topics, b_sent, timeout=90)
             # the join decides within a tick or two; give it time to (wrongly) find something
@@ -96,7 +97,21 @@ def run(cluster: Any, tmp_path: Path, workers: int, *, a_fails_first: bool) -> d
         else:
             got = dep.read_until(topics, held_both, timeout=90)
             got = dep.read(topics, idle=3.0)  # and nothing more comes
-    return {"a": a, "b": b, "records": [r.record for r in got]}
+        owners = {ex: _owner(procs, ex) for ex in (a, b)}
+        claims = dep.read([dep.topics.idempotency_claims.name], idle=2.0)
+    return {"a": a, "b": b, "records": [r.record for r in got], "owners": owners, "claims": claims}
+
+
+def _owner(procs: list[Any], execution_id: str) -> int:
+    """Which worker owns the execution: the one whose API answers for it itself (the others
+    redirect, 307)."""
+    answers = []
+    for i, proc in enumerate(procs):
+        url = f"http://127.0.0.1:{proc.web_port}/v1/executions/{execution_id}"
+        status = httpx.get(url, follow_redirects=False, timeout=10).status_code
+        answers.append((status, i))
+    (owner,) = [i for status, i in answers if status != 307]
+    return owner
 
 
 class _workers:
@@ -105,9 +120,8 @@ class _workers:
     def __init__(self, dep: Any, n: int) -> None:
         self.contexts = [worker(dep) for _ in range(n)]
 
-    def __enter__(self) -> None:
-        for c in self.contexts:
-            c.__enter__()
+    def __enter__(self) -> list[Any]:
+        return [c.__enter__() for c in self.contexts]
 
     def __exit__(self, *exc: Any) -> None:
         for c in reversed(self.contexts):
@@ -165,6 +179,7 @@ def test_two_workers_give_the_same_outputs(
     two = run(cluster, tmp_path, 2, a_fails_first=False)
     # different deployments: the execution ids are the same, so are the ids derived from them
     assert (two["a"], two["b"]) == (one_worker["a"], one_worker["b"])
+    assert two["owners"][two["a"]] != two["owners"][two["b"]]  # A and B on different workers
     assert _outcome(two) == _outcome(one_worker)
 
 
@@ -172,6 +187,15 @@ def test_a_new_send_after_the_other_attempt_failed_is_no_retry(
     cluster: Any, tmp_path: Path
 ) -> None:
     got = run(cluster, tmp_path, 1, a_fails_first=True)
+    # the join had what it needed to decide B's send: every claims partition heard from every
+    # input partition past it
+    sent_b = T0 + timedelta(minutes=4)
+    heard = {
+        (r.partition, r.record.source_partition)
+        for r in got["claims"]
+        if isinstance(r.record, ClaimsProgress) and r.record.occurred_at > sent_b
+    }
+    assert heard == {(c, s) for c in range(PARTITIONS) for s in range(PARTITIONS)}
     assert _forbidden(got["records"]) == []
     assert all(
         s.held_by_execution_id is None for s in got["records"] if isinstance(s, OperationState)
