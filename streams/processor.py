@@ -109,6 +109,7 @@ class Processor:
         self.closed = self.state.view("closed")
         self.operations = self.state.view("operations")
         self.approvals = self.state.view("approvals")
+        self.links = self.state.view("links")
         self.write_behind = write_behind
         self.committed = committed
         self.partitions = topics.execution_status.partitions

@@ -326,7 +326,7 @@ class FieldView(MutableMapping[str, str]):
     execution, as a mapping of execution id to JSON, read and written through the cache."""
 
     def __init__(self, store: ExecutionStore, name: str) -> None:
-        if name not in FIELDS:
+        if name not in (*FIELDS, "links"):
             raise ValueError(f"no field {name!r} in an execution entry")
         self.store, self.name = store, name
 

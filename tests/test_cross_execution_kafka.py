@@ -98,8 +98,21 @@ def run(cluster: Any, tmp_path: Path, workers: int, *, a_fails_first: bool) -> d
             got = dep.read_until(topics, held_both, timeout=90)
             got = dep.read(topics, idle=3.0)  # and nothing more comes
         owners = {ex: _owner(procs, ex) for ex in (a, b)}
+        views = {
+            ex: httpx.get(
+                f"http://127.0.0.1:{procs[owners[ex]].web_port}/v1/executions/{ex}", timeout=10
+            ).json()
+            for ex in (a, b)
+        }
         claims = dep.read([dep.topics.idempotency_claims.name], idle=2.0)
-    return {"a": a, "b": b, "records": [r.record for r in got], "owners": owners, "claims": claims}
+    return {
+        "a": a,
+        "b": b,
+        "records": [r.record for r in got],
+        "owners": owners,
+        "claims": claims,
+        "views": views,
+    }
 
 
 def _owner(procs: list[Any], execution_id: str) -> int:
@@ -171,6 +184,10 @@ def test_a_send_behind_another_executions_unknown_attempt_is_a_forbidden_retry(
     assert held_a.status is OperationStatus.UNKNOWN and held_a.retry is RetryVerdict.FORBIDDEN
     assert (held_a.held_by_execution_id, held_a.held_by_operation_id) == (b, "charge-1")
     assert held_a.held_by_status is OperationStatus.SENT
+    # the worker's API shows the same verdicts
+    for ex, other in ((a, b), (b, a)):
+        (shown,) = one_worker["views"][ex]["operations"]
+        assert (shown["retry"], shown["held_by_execution_id"]) == ("FORBIDDEN", other)
 
 
 def test_two_workers_give_the_same_outputs(
