@@ -413,6 +413,12 @@ def _id_path(prefix: str, identifier: str, suffix: str = "") -> str:
     return f"{prefix}/{quote(identifier, safe='')}{suffix}"
 
 
+def _approval_path(request_id: str, execution_id: str | None) -> str:
+    if execution_id is None:
+        return _id_path("/v1/approvals", request_id)
+    return _id_path("/v1/executions", execution_id, _id_path("/approvals", request_id))
+
+
 class _Base:
     def __init__(
         self,
@@ -480,13 +486,18 @@ class Client(_Base):
         body = self._get(self.url, _id_path("/v1/executions", execution_id), self.token)
         return Execution.model_validate(body)
 
-    def approval(self, request_id: str, *, wait: float = 10.0) -> Approval:
-        """One approval request. While the workers rebuild their approval index (503 after a
-        rebalance) it asks again, up to ``wait`` seconds."""
+    def approval(
+        self, request_id: str, *, execution_id: str | None = None, wait: float = 10.0
+    ) -> Approval:
+        """One approval request. Request ids repeat across executions: with ``execution_id``
+        the request of that execution (``/v1/executions/{id}/approvals/{request_id}``), else
+        the one the workers' approval index finds by the request id alone. While the workers
+        rebuild that index (503 after a rebalance) it asks again, up to ``wait`` seconds."""
         deadline = time.monotonic() + wait
+        path = _approval_path(request_id, execution_id)
         while True:
             try:
-                body = self._get(self.url, _id_path("/v1/approvals", request_id), self.token)
+                body = self._get(self.url, path, self.token)
                 return Approval.model_validate(body)
             except Unreachable as exc:
                 if exc.status != 503 or time.monotonic() >= deadline:
@@ -631,11 +642,14 @@ class AsyncClient(_Base):
         body = await self._get(self.url, _id_path("/v1/executions", execution_id), self.token)
         return Execution.model_validate(body)
 
-    async def approval(self, request_id: str, *, wait: float = 10.0) -> Approval:
+    async def approval(
+        self, request_id: str, *, execution_id: str | None = None, wait: float = 10.0
+    ) -> Approval:
         deadline = time.monotonic() + wait
+        path = _approval_path(request_id, execution_id)
         while True:
             try:
-                body = await self._get(self.url, _id_path("/v1/approvals", request_id), self.token)
+                body = await self._get(self.url, path, self.token)
                 return Approval.model_validate(body)
             except Unreachable as exc:
                 if exc.status != 503 or time.monotonic() >= deadline:

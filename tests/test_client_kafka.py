@@ -75,6 +75,11 @@ def test_approval_and_typed_errors(running) -> None:
         a = client.approval("req-rotation")
         assert a.verdict is ApprovalVerdictCode.UNROUTABLE_WAIT and a.owner is Owner.POLICY_OWNER
         assert any(f.proof == "VERIFIED_ROUTE" for f in a.failed_proofs)
+        # by its execution too: request ids repeat across executions
+        scoped = client.approval("req-rotation", execution_id="exec-rotation")
+        assert scoped == a
+        with pytest.raises(NotFound):
+            client.approval("req-rotation", execution_id="exec-refund")
         with pytest.raises(NotFound) as nf:
             client.get("no-such-run")
         assert nf.value.status == 404 and "no-such-run" in str(nf.value)

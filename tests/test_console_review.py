@@ -39,7 +39,9 @@ def _event(op: str, attempt: int, kind: K, at: datetime, source: EvidenceSource,
         execution_id=EX,
         operation_id=op,
         attempt=attempt,
-        idempotency_key=f"key-{op}",
+        # a key per attempt: a VERIFIED of one attempt then settles no other
+        # (docs/rules.md#shared-idempotency-key-evidence)
+        idempotency_key=f"key-{op}-{attempt}",
         connector="sms",
         kind=kind,
         occurred_at=at,
@@ -296,3 +298,14 @@ def test_the_write_token_is_compared_whole() -> None:
     assert not write_allowed("Bearer w-token-and-more", "w-token")
     assert not write_allowed("w-token", "w-token")
     assert not write_allowed("", None) and not write_allowed("Bearer ", "")
+
+
+def test_review_event_ids_are_scoped_by_the_execution() -> None:
+    """The same action on ``charge-1`` attempt 1 of two executions is two events."""
+    from streams.console.review import ReviewAction, review_event_id
+
+    state = _state(_unknown_book(), "op-a")
+    other = state.model_copy(update={"execution_id": "exec-2"})
+    for action in ReviewAction:
+        assert review_event_id(state, 1, action) != review_event_id(other, 1, action)
+        assert review_event_id(state, 1, action) == review_event_id(state, 1, action)

@@ -70,8 +70,15 @@ def wait_operation(base: str, op: str, status: OperationStatus, timeout: float =
     raise AssertionError(f"{op} not {status} in the console: {rows}")
 
 
-def post(base: str, op: str, body: dict[str, Any], **headers: str) -> httpx.Response:
-    return httpx.post(f"{base}/api/operations/{op}/review", json=body, headers=headers, timeout=20)
+def post(
+    base: str, op: str, body: dict[str, Any], execution: str | None = EX, **headers: str
+) -> httpx.Response:
+    """A review of operation ``op`` of ``execution``, on the scoped path (operation ids repeat
+    across executions), or by the operation id alone (None)."""
+    url = f"{base}/api/operations/{op}/review"
+    if execution is not None:
+        url = f"{base}/api/executions/{execution}/operations/{op}/review"
+    return httpx.post(url, json=body, headers=headers, timeout=20)
 
 
 AUTH = {"Authorization": f"Bearer {WRITE}"}
@@ -98,7 +105,7 @@ def test_refusals_publish_nothing(stack) -> None:
     same = post(base, "op-nope", body, **AUTH, Origin=base, **{"Sec-Fetch-Site": "same-origin"})
     assert same.status_code == 404 and "op-nope" in same.json()["error"]
     # op-sms-1 was settled VERIFIED by the reconciler
-    r = post(base, "op-sms-1", body, **AUTH)
+    r = post(base, "op-sms-1", body, None, **AUTH)  # by its id alone: one execution uses it
     assert r.status_code == 409 and "VERIFIED" in r.json()["error"]
     r = post(base, OP, {"action": "approve", "note": "n", "reviewer": "a"}, **AUTH)
     assert r.status_code == 400 and r.json()["allowed"]["action"] == ["take", "verified", "failed"]
@@ -146,7 +153,7 @@ def test_take_then_verified_settles_the_unknown_operation(stack) -> None:
     dep, base, db, proc = stack
     runner = CliRunner()
     env = {"VIGIL_CONSOLE_WRITE_TOKEN": WRITE}
-    take = ["review", OP, "--take", "--note", "calling the bank", "--reviewer", "alice"]
+    take = ["review", OP, "--execution", EX, "--take", "--note", "bank", "--reviewer", "alice"]
     res = runner.invoke(cli_app, [*take, "--console", base], env=env)
     assert res.exit_code == 0, res.output
     assert "MANUAL_REVIEW" in res.output
@@ -174,7 +181,12 @@ def test_take_then_verified_settles_the_unknown_operation(stack) -> None:
                 and x.status is OperationStatus.VERIFIED
                 for x in recs
             )
-            and any(isinstance(x, WorkItemResolution) and x.operation_id == OP for x in recs)
+            and {
+                x.attempt
+                for x in recs
+                if isinstance(x, WorkItemResolution) and x.operation_id == OP
+            }
+            == {1, 2}
             and any(
                 isinstance(x, Alert)
                 and x.subject_id == OP
@@ -191,16 +203,29 @@ def test_take_then_verified_settles_the_unknown_operation(stack) -> None:
         for r in records
         if isinstance(r.record, OperationState) and r.record.operation_id == OP
     ]
-    assert [s.status for s in states[-2:]] == [
+    # attempt 2 verified, then published again once attempt 1, under the same idempotency
+    # key, is settled with it (docs/rules.md#shared-idempotency-key-evidence)
+    assert [s.status for s in states[-3:]] == [
         OperationStatus.MANUAL_REVIEW,
         OperationStatus.VERIFIED,
+        OperationStatus.VERIFIED,
     ]
-    (resolution,) = [
-        r.record
+    assert (states[-2].held_by_attempt, states[-1].held_by_attempt) == (1, None)
+    assert states[-1].retry is RetryVerdict.NOT_NEEDED
+    resolutions = {
+        r.record.attempt: r.record
         for r in records
         if isinstance(r.record, WorkItemResolution) and r.record.operation_id == OP
-    ]
-    assert resolution.evidence_source is EvidenceSource.HUMAN and resolution.attempt == 2
+    }
+    assert {a: r.evidence_source for a, r in resolutions.items()} == {
+        1: EvidenceSource.HUMAN,
+        2: EvidenceSource.HUMAN,
+    }
+    assert resolutions[2].evidence == ()
+    assert resolutions[1].evidence == (
+        "verified_by=op-refund-1#2",
+        "idempotency_key=idem-op-refund-1",
+    )
     row = wait_operation(base, OP, OperationStatus.VERIFIED)
     in_console = time.monotonic() - t0
     print(f"review → topics {on_topics:.1f} s, → console {in_console:.1f} s")

@@ -23,6 +23,7 @@ from streams.console.view import (
     decode_cursor,
     encode_cursor,
 )
+from streams.contracts.keys import scoped_key
 from streams.contracts.models.enums import ApprovalVerdictCode, Owner, WorkItemKind
 from streams.contracts.models.events import ClockTick
 from streams.contracts.models.outputs import (
@@ -364,7 +365,8 @@ def test_cursors_walk_every_row_exactly_once(tmp_path_factory, rows, limit, sort
     assert len(ids) == len(set(ids)) and set(ids) == expected
     _column, desc = LISTS["approvals"].sorts[sort]
     key = {"-age": "requested_at", "age": "requested_at", "evaluated_at": "evaluated_at"}[sort]
-    keys = [(r[key], r["request_id"]) for r in seen]
+    # ties broken by the row's scoped key: request ids repeat across executions
+    keys = [(r[key], scoped_key(r["execution_id"], r["request_id"])) for r in seen]
     assert keys == sorted(keys, reverse=desc)
     v.close()
 
@@ -704,3 +706,31 @@ def test_change_hub_fans_out_and_drops_a_slow_subscriber() -> None:
         assert hub.subscribers == 0
 
     asyncio.run(scenario())
+
+
+def test_two_executions_using_one_operation_id_have_rows_of_their_own(tmp_path: Path) -> None:
+    """Issue 26's case (``charge-1`` in two executions, both timed out and rejected): two
+    operation rows, two work items, each execution's page with its own; and work items opened
+    before ids were scoped, which share an id, still two rows."""
+    from tests.test_core_scoped_ids import issue_case
+
+    v = ConsoleView(tmp_path / "v.sqlite3")
+    records = [r for outputs in issue_case().values() for r in outputs]
+    old = "wi-efc461527188cbc977926975"  # the one id 83a7350 gave both
+    for r in list(records):
+        if isinstance(r, ReconciliationWorkItem):
+            records.append(r.model_copy(update={"work_item_id": old}))
+    v.apply([Incoming("vigil.any", 0, i, r) for i, r in enumerate(records)])
+    operations = v.query("operations", {}).items
+    assert sorted((o["execution_id"], o["operation_id"], o["status"]) for o in operations) == [
+        ("exec-a", "charge-1", "FAILED"),
+        ("exec-b", "charge-1", "FAILED"),
+    ]
+    items = v.query("work-items", {"open": "false"}).items + v.query("work-items", {}).items
+    assert len({(i["execution_id"], i["work_item_id"]) for i in items}) == 4
+    for execution_id in ("exec-a", "exec-b"):
+        page = v.execution(execution_id)
+        assert page is not None
+        assert [o["execution_id"] for o in page["operations"]] == [execution_id]
+        assert {i["execution_id"] for i in page["work_items"]} == {execution_id}
+    v.close()

@@ -224,6 +224,27 @@ def topics_create(
     print_subjects(subjects)
 
 
+@topics_app.command("rekey")
+def topics_rekey(
+    bootstrap: BootstrapOpt = None,
+    registry: RegistryOpt = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would be written; write nothing.")
+    ] = False,
+) -> None:
+    """Carry the compacted operation-state topic over to scoped keys (execution_id/operation_id),
+    once, when upgrading from a version that keyed it by operation id: each operation's last
+    state under an old key is written again under its scoped key (unless one is there), then
+    each old key gets a tombstone. Run it with the old workers stopped, before the new ones
+    start; running it again finds nothing to do (topology.md, "Moving to scoped keys")."""
+    from streams.kafka.rekey import rekey
+
+    s = settings_from_flags(bootstrap, registry)
+    _require_cluster(s)
+    done = rekey(s, codec_for(s), dry_run=dry_run)
+    out.print_json(json.dumps(done.summary() | {"dry_run": dry_run}))
+
+
 @topics_app.command("list")
 def topics_list(
     output_suffix: Annotated[
@@ -706,6 +727,14 @@ def console_cmd(
 @app.command("review")
 def review_cmd(
     operation_id: Annotated[str, typer.Argument(help="Operation id.")],
+    execution: Annotated[
+        str | None,
+        typer.Option(
+            "--execution",
+            help="The operation's execution id. Operation ids repeat across executions: "
+            "without it the console answers only while one execution uses that id.",
+        ),
+    ] = None,
     take: Annotated[bool, typer.Option("--take", help="Take it into MANUAL_REVIEW.")] = False,
     verified: Annotated[
         bool, typer.Option("--verified", help="Settle it VERIFIED: the effect happened.")
@@ -743,7 +772,12 @@ def review_cmd(
         raise typer.Exit(2)
     from urllib.parse import quote
 
-    url = f"{console_url.rstrip('/')}/api/operations/{quote(operation_id, safe='')}/review"
+    base = console_url.rstrip("/")
+    op = quote(operation_id, safe="")
+    if execution is not None:
+        url = f"{base}/api/executions/{quote(execution, safe='')}/operations/{op}/review"
+    else:
+        url = f"{base}/api/operations/{op}/review"
     body = {"action": actions[0], "note": note, "reviewer": reviewer, "attempt": attempt}
     try:
         resp = httpx.post(url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30)

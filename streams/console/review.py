@@ -56,7 +56,7 @@ from streams.contracts.models.enums import (
 from streams.contracts.models.events import OperationEvent
 from streams.contracts.models.outputs import OperationState
 from streams.core import operations as ops
-from streams.core.ids import deterministic_id
+from streams.core.ids import deterministic_id, scoped_key
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -152,10 +152,12 @@ def review_event_id(state: OperationState, attempt: int, action: ReviewAction) -
     """The id of the event a review publishes: the same for the same action on the same
     attempt (a double click, a retried request, another console replica), so it is one event.
     ``take`` also names the operation state it was taken from: an attempt may enter review
-    again after a hand-back to the reconciler, and that is a new event."""
+    again after a hand-back to the reconciler, and that is a new event. Scoped by the
+    execution, like every id derived from an operation (docs/rules.md#ids-and-keys)."""
+    key = scoped_key(state.execution_id, state.operation_id)
     if action is ReviewAction.TAKE:
-        return deterministic_id("review", state.operation_id, attempt, action, state.state_id)
-    return deterministic_id("review", state.operation_id, attempt, action)
+        return deterministic_id("review", key, attempt, action, state.state_id)
+    return deterministic_id("review", key, attempt, action)
 
 
 def attempt_status(state: OperationState, attempt: int | None) -> tuple[int, S] | Refusal:
@@ -290,7 +292,9 @@ def write_allowed(authorization: str, write_token: str | None) -> bool:
 
 
 def register_review(app: web.Application, ctx: ConsoleContext) -> None:
-    """``POST /api/operations/{operation_id}/review``: checks, in this order, that the request
+    """``POST /api/executions/{execution_id}/operations/{operation_id}/review`` (and
+    ``/api/operations/{operation_id}/review``, while one execution uses that operation id;
+    409 otherwise): checks, in this order, that the request
     is not cross-site (403), carries the write token (401; 403 when this console has none:
     writes are off), is JSON with a valid body (415, 400), names an operation the view knows
     (404) and an action the pipeline would apply (409); then publishes the event (202), or
@@ -312,6 +316,7 @@ def register_review(app: web.Application, ctx: ConsoleContext) -> None:
 
     async def record(
         request: web.Request,
+        execution_id: str | None,
         operation_id: str,
         req: ReviewRequest | None,
         outcome: str,
@@ -326,7 +331,7 @@ def register_review(app: web.Application, ctx: ConsoleContext) -> None:
             req.reviewer if req else None,
             remote,
             operation_id,
-            event.execution_id if event else None,
+            event.execution_id if event else execution_id,
             event.attempt if event else (req.attempt if req else None),
             str(req.action) if req else None,
             req.note if req else None,
@@ -355,10 +360,24 @@ def register_review(app: web.Application, ctx: ConsoleContext) -> None:
             f" (event {event.event_id})" if event else "",
         )
 
-    def load_state(operation_id: str) -> OperationState | None:
-        rows = ctx.view.execute_read(
-            "SELECT record FROM operations WHERE operation_id = ?", (operation_id,)
-        )
+    def load_state(execution_id: str | None, operation_id: str) -> OperationState | Refusal | None:
+        """The operation's state in the view; by its id alone (the unscoped path) only while
+        one execution has an operation of that id."""
+        if execution_id is not None:
+            rows = ctx.view.execute_read(
+                "SELECT record FROM operations WHERE row_key = ?",
+                (scoped_key(execution_id, operation_id),),
+            )
+        else:
+            rows = ctx.view.execute_read(
+                "SELECT record FROM operations WHERE operation_id = ? LIMIT 2", (operation_id,)
+            )
+            if len(rows) > 1:
+                return Refusal(
+                    409,
+                    f"operation id {operation_id!r} is used by more than one execution: "
+                    "POST /api/executions/{execution_id}/operations/{operation_id}/review",
+                )
         return OperationState.model_validate_json(rows[0]["record"]) if rows else None
 
     def published_before(event_id: str) -> dict[str, Any] | None:
@@ -376,6 +395,7 @@ def register_review(app: web.Application, ctx: ConsoleContext) -> None:
 
     async def review(request: web.Request) -> web.Response:
         operation_id = request.match_info["operation_id"]
+        execution_id = request.match_info.get("execution_id")
         why = cross_site(request.headers, request.host)
         if why is not None:
             log.warning("review refused (cross-site: %s) from %s", why, request.remote)
@@ -406,14 +426,26 @@ def register_review(app: web.Application, ctx: ConsoleContext) -> None:
             body = None
         parsed = parse_request(body) if body is not None else Refusal(400, "the body is not JSON")
         if isinstance(parsed, Refusal):
-            await record(request, operation_id, None, "refused", parsed.status, parsed.message)
+            await record(
+                request, execution_id, operation_id, None, "refused", parsed.status, parsed.message
+            )
             return reply(parsed.status, parsed.body())
         async with lock:
-            state = await asyncio.to_thread(load_state, operation_id)
-            decided = decide(state, operation_id, parsed, datetime.now(UTC))
+            state = await asyncio.to_thread(load_state, execution_id, operation_id)
+            decided = (
+                state
+                if isinstance(state, Refusal)
+                else decide(state, operation_id, parsed, datetime.now(UTC))
+            )
             if isinstance(decided, Refusal):
                 await record(
-                    request, operation_id, parsed, "refused", decided.status, decided.message
+                    request,
+                    execution_id,
+                    operation_id,
+                    parsed,
+                    "refused",
+                    decided.status,
+                    decided.message,
                 )
                 return reply(decided.status, decided.body())
             event = decided
@@ -431,18 +463,26 @@ def register_review(app: web.Application, ctx: ConsoleContext) -> None:
                     f"already published at {before['at']} by {before['reviewer']}; "
                     "the operation changes when the pipeline applies it"
                 )
-                await record(request, operation_id, parsed, "duplicate", 200, message, event)
+                await record(
+                    request, execution_id, operation_id, parsed, "duplicate", 200, message, event
+                )
                 return reply(200, {**answer, "published": False, "message": message})
             try:
                 await asyncio.to_thread(publish, event)
             except Exception as exc:
                 message = f"could not publish the event: {str(exc)[:300]}"
-                await record(request, operation_id, parsed, "failed", 503, message, event)
+                await record(
+                    request, execution_id, operation_id, parsed, "failed", 503, message, event
+                )
                 return reply(503, {"error": message, "status": 503})
             message = f"{event.kind} published; the operation changes when the pipeline applies it"
-            await record(request, operation_id, parsed, "published", 202, message, event)
+            await record(
+                request, execution_id, operation_id, parsed, "published", 202, message, event
+            )
             return reply(202, {**answer, "published": True, "message": message})
 
+    app.router.add_post("/api/executions/{execution_id}/operations/{operation_id}/review", review)
+    # By the operation id alone: answered while one execution uses that id, else 409.
     app.router.add_post("/api/operations/{operation_id}/review", review)
 
 

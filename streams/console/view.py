@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from streams.contracts.keys import scoped_key
 from streams.contracts.models.base import Record
 from streams.contracts.models.enums import (
     AlertKind,
@@ -50,7 +51,7 @@ from streams.core.approvals import CLOSED_VERDICTS
 from streams.core.operations import NEXT_STEP_OVERDUE, NEXT_STEP_UNKNOWN
 
 #: Bumped when the tables change: an older file is dropped and rebuilt from the topics.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 50
 #: Longest free-text filter value accepted (ids, connectors, actions).
@@ -66,24 +67,28 @@ CREATE TABLE IF NOT EXISTS executions (
     terminal INTEGER NOT NULL, last_sequence INTEGER NOT NULL, record TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS executions_since ON executions (since_ms, execution_id);
 CREATE TABLE IF NOT EXISTS operations (
-    operation_id TEXT PRIMARY KEY, execution_id TEXT NOT NULL, status TEXT NOT NULL,
-    connector TEXT NOT NULL, owner TEXT, since_ms INTEGER NOT NULL, record TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS operations_since ON operations (since_ms, operation_id);
+    row_key TEXT PRIMARY KEY, operation_id TEXT NOT NULL, execution_id TEXT NOT NULL,
+    status TEXT NOT NULL, connector TEXT NOT NULL, owner TEXT, since_ms INTEGER NOT NULL,
+    record TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS operations_since ON operations (since_ms, row_key);
+CREATE INDEX IF NOT EXISTS operations_id ON operations (operation_id);
 CREATE INDEX IF NOT EXISTS operations_execution ON operations (execution_id);
 CREATE TABLE IF NOT EXISTS approvals (
-    request_id TEXT PRIMARY KEY, execution_id TEXT NOT NULL, verdict TEXT NOT NULL,
+    row_key TEXT PRIMARY KEY, request_id TEXT NOT NULL, execution_id TEXT NOT NULL,
+    verdict TEXT NOT NULL,
     owner TEXT NOT NULL, action TEXT, open INTEGER NOT NULL, evaluated_at_ms INTEGER NOT NULL,
     started_ms INTEGER NOT NULL, record TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS approvals_started ON approvals (started_ms, request_id);
+CREATE INDEX IF NOT EXISTS approvals_started ON approvals (started_ms, row_key);
 CREATE INDEX IF NOT EXISTS approvals_execution ON approvals (execution_id);
 CREATE TABLE IF NOT EXISTS work_items (
-    work_item_id TEXT PRIMARY KEY, operation_id TEXT NOT NULL, execution_id TEXT NOT NULL,
+    row_key TEXT PRIMARY KEY, work_item_id TEXT NOT NULL, operation_id TEXT NOT NULL,
+    execution_id TEXT NOT NULL,
     kind TEXT NOT NULL, connector TEXT NOT NULL, deadline_ms INTEGER NOT NULL,
     created_at_ms INTEGER NOT NULL, open INTEGER NOT NULL, record TEXT NOT NULL,
     resolution TEXT);
-CREATE INDEX IF NOT EXISTS work_items_deadline ON work_items (deadline_ms, work_item_id);
+CREATE INDEX IF NOT EXISTS work_items_deadline ON work_items (deadline_ms, row_key);
 CREATE INDEX IF NOT EXISTS work_items_execution ON work_items (execution_id);
-CREATE TABLE IF NOT EXISTS resolutions (work_item_id TEXT PRIMARY KEY, record TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS resolutions (row_key TEXT PRIMARY KEY, record TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS alerts (
     alert_id TEXT PRIMARY KEY, kind TEXT NOT NULL, severity TEXT NOT NULL,
     owner TEXT NOT NULL, execution_id TEXT NOT NULL, firing INTEGER NOT NULL,
@@ -93,7 +98,8 @@ CREATE INDEX IF NOT EXISTS alerts_execution ON alerts (execution_id);
 CREATE TABLE IF NOT EXISTS alert_resolutions (
     resolves_alert_id TEXT PRIMARY KEY, alert_id TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS timeline (
-    record_id TEXT PRIMARY KEY, execution_id TEXT NOT NULL, at_ms INTEGER NOT NULL,
+    row_key TEXT PRIMARY KEY, record_id TEXT NOT NULL, execution_id TEXT NOT NULL,
+    at_ms INTEGER NOT NULL,
     kind TEXT NOT NULL, subject_id TEXT NOT NULL, summary TEXT NOT NULL,
     topic TEXT NOT NULL, partition INTEGER NOT NULL, offset INTEGER NOT NULL,
     record TEXT NOT NULL);
@@ -272,7 +278,7 @@ LISTS: dict[str, ListSpec] = {
     "approvals": ListSpec(
         "approvals",
         "approvals",
-        "request_id",
+        "row_key",
         # age: how long the wait has lasted; -age: the oldest first
         {
             "-age": ("started_ms", False),
@@ -291,7 +297,7 @@ LISTS: dict[str, ListSpec] = {
     "operations": ListSpec(
         "operations",
         "operations",
-        "operation_id",
+        "row_key",
         {"since": ("since_ms", False), "-since": ("since_ms", True)},
         "since",
         {
@@ -304,7 +310,7 @@ LISTS: dict[str, ListSpec] = {
     "work-items": ListSpec(
         "work-items",
         "work_items",
-        "work_item_id",
+        "row_key",
         {"deadline": ("deadline_ms", False), "created_at": ("created_at_ms", False)},
         "deadline",
         {
@@ -539,9 +545,9 @@ class ConsoleView:
         at = _event_ms(rec) or 0
         body = _dump(rec)
         cur = db.execute(
-            "INSERT OR IGNORE INTO timeline VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (rid, rec.execution_id, at, kind, subject, summary, item.topic, item.partition,
-             item.offset, body),
+            "INSERT OR IGNORE INTO timeline VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (scoped_key(rec.execution_id, rid), rid, rec.execution_id, at, kind, subject,
+             summary, item.topic, item.partition, item.offset, body),
         )  # fmt: skip
         if cur.rowcount == 0:
             return None  # this record was applied before (published again)
@@ -557,41 +563,46 @@ class ConsoleView:
         elif isinstance(rec, OperationState):
             owner = operation_owner(rec)
             db.execute(
-                "INSERT INTO operations VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (operation_id)"
-                " DO UPDATE SET execution_id=excluded.execution_id, status=excluded.status,"
+                "INSERT INTO operations VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (row_key)"
+                " DO UPDATE SET status=excluded.status,"
                 " connector=excluded.connector, owner=excluded.owner,"
                 " since_ms=excluded.since_ms, record=excluded.record",
-                (rec.operation_id, rec.execution_id, rec.status.value, rec.connector,
+                (scoped_key(rec.execution_id, rec.operation_id), rec.operation_id,
+                 rec.execution_id, rec.status.value, rec.connector,
                  owner.value if owner else None, _ms(rec.since), body),
             )  # fmt: skip
         elif isinstance(rec, ApprovalVerdict):
             started = _ms(rec.requested_at) if rec.requested_at else _ms(rec.evaluated_at)
             db.execute(
-                "INSERT INTO approvals VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (request_id)"
+                "INSERT INTO approvals VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (row_key)"
                 " DO UPDATE SET verdict=excluded.verdict, owner=excluded.owner,"
                 " action=coalesce(excluded.action, action), open=excluded.open,"
                 " evaluated_at_ms=excluded.evaluated_at_ms,"
                 " started_ms=min(started_ms, excluded.started_ms), record=excluded.record"
                 " WHERE excluded.evaluated_at_ms >= evaluated_at_ms",
-                (rec.request_id, rec.execution_id, rec.verdict.value, rec.owner.value,
+                (scoped_key(rec.execution_id, rec.request_id), rec.request_id,
+                 rec.execution_id, rec.verdict.value, rec.owner.value,
                  rec.action, int(rec.verdict not in CLOSED_VERDICTS), _ms(rec.evaluated_at),
                  started, body),
             )  # fmt: skip
         elif isinstance(rec, ReconciliationWorkItem):
+            # Keyed with the execution: items opened before ids were scoped may share an id.
+            row_key = scoped_key(rec.execution_id, rec.work_item_id)
             res = db.execute(
-                "SELECT record FROM resolutions WHERE work_item_id = ?", (rec.work_item_id,)
+                "SELECT record FROM resolutions WHERE row_key = ?", (row_key,)
             ).fetchone()
             db.execute(
-                "INSERT OR REPLACE INTO work_items VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (rec.work_item_id, rec.operation_id, rec.execution_id, rec.kind.value,
+                "INSERT OR REPLACE INTO work_items VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (row_key, rec.work_item_id, rec.operation_id, rec.execution_id, rec.kind.value,
                  rec.connector, _ms(rec.deadline), _ms(rec.created_at), int(res is None), body,
                  res[0] if res else None),
             )  # fmt: skip
         elif isinstance(rec, WorkItemResolution):
-            db.execute("INSERT OR REPLACE INTO resolutions VALUES (?, ?)", (rec.work_item_id, body))
+            row_key = scoped_key(rec.execution_id, rec.work_item_id)
+            db.execute("INSERT OR REPLACE INTO resolutions VALUES (?, ?)", (row_key, body))
             db.execute(
-                "UPDATE work_items SET open = 0, resolution = ? WHERE work_item_id = ?",
-                (body, rec.work_item_id),
+                "UPDATE work_items SET open = 0, resolution = ? WHERE row_key = ?",
+                (body, row_key),
             )
         elif isinstance(rec, Alert):
             if rec.status is AlertStatus.RESOLVED and rec.resolves_alert_id:
@@ -772,7 +783,7 @@ class ConsoleView:
                 ("execution", "executions", "since_ms"),
                 ("operations", "operations", "since_ms, operation_id"),
                 ("approvals", "approvals", "started_ms, request_id"),
-                ("work_items", "work_items", "deadline_ms, work_item_id"),
+                ("work_items", "work_items", "deadline_ms, work_item_id, row_key"),
                 ("alerts", "alerts", "occurred_at_ms, alert_id"),
             ):
                 cur = db.execute(

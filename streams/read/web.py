@@ -235,6 +235,23 @@ def register_web(
                 )
             return _error(404, f"no approval request {request_id!r}")
 
+    @app.page("/v1/executions/{execution_id}/approvals/{request_id}")
+    class ExecutionApprovalResource(faust.web.View):
+        """One approval request of one execution: request ids repeat across executions, so
+        this path names both (docs/rules.md#ids-and-keys), and needs no index: one read of
+        the execution's entry, on the worker that owns it."""
+
+        async def get(self, request: Any, execution_id: str, request_id: str) -> Any:
+            if r := _valid(execution_id) or _valid(request_id):
+                return r
+            if r := redirect(request, execution_id):
+                return r
+            value = processor.approvals.get(execution_id)
+            book = ApprovalBook.model_validate_json(value) if value else None
+            if book is None or request_id not in book.requests:
+                return _error(404, f"no approval request {request_id!r} in {execution_id!r}")
+            return aioweb.json_response(approval_view(book, request_id, processor.thresholds_for))
+
     @app.page("/metrics")
     class MetricsResource(faust.web.View):
         async def get(self, request: Any) -> Any:

@@ -232,14 +232,19 @@ function setLive(on) {
 }
 
 // ---------- needs attention ----------
-function alertFor(subjectId) {
-  return state.alerts.filter((a) => a.subject_id === subjectId);
+// Operation and request ids repeat across executions: an alert is about a subject of one
+// execution.
+function alertFor(executionId, subjectId) {
+  return state.alerts.filter((a) => a.subject_id === subjectId && a.execution_id === executionId);
+}
+function scopedKey(executionId, id) {
+  return `${encodeURIComponent(executionId)}/${encodeURIComponent(id)}`;
 }
 function attentionItems() {
   const items = [];
   for (const a of state.approvals) {
     const id = a.request_id || a.id;
-    const alerts = alertFor(id);
+    const alerts = alertFor(a.execution_id, id);
     items.push({
       kind: "approval", id, executionId: a.execution_id, owner: a.owner || "UNRECOGNIZED",
       label: a.verdict, bad: true, since: a.started_at || a.requested_at || a.evaluated_at,
@@ -251,8 +256,8 @@ function attentionItems() {
   }
   const opOwner = {};
   for (const o of state.operations) {
-    opOwner[o.operation_id] = o.owner;
-    const alerts = alertFor(o.operation_id);
+    opOwner[scopedKey(o.execution_id, o.operation_id)] = o.owner;
+    const alerts = alertFor(o.execution_id, o.operation_id);
     const alertStep = alerts.map((x) => x.next_step).find(Boolean);
     items.push({
       kind: "operation", id: o.operation_id, executionId: o.execution_id,
@@ -272,7 +277,8 @@ function attentionItems() {
     if (now === null || new Date(w.deadline).getTime() > now) continue; // only overdue ones
     items.push({
       kind: "work_item", id: w.work_item_id, executionId: w.execution_id,
-      owner: w.owner || opOwner[w.operation_id] || "OPERATOR", label: `OVERDUE ${w.kind}`,
+      owner: w.owner || opOwner[scopedKey(w.execution_id, w.operation_id)] || "OPERATOR",
+      label: `OVERDUE ${w.kind}`,
       bad: false, since: w.deadline,
       nextStep: w.next_step || "Reconcile the operation at its connector and record the outcome.",
       proofs: [], evidence: [],
@@ -366,7 +372,7 @@ function thresholdText(t) {
 
 // ---------- manual review ----------
 function reviewControls(op) {
-  const key = op.operation_id;
+  const key = scopedKey(op.execution_id, op.operation_id);
   const saved = state.reviewNotes[key] || {};
   const note = el("input", { class: "note", placeholder: "what the source says", "aria-label": "review note",
     value: saved.note || "", oninput: (e) => { (state.reviewNotes[key] ||= {}).note = e.target.value; } });
@@ -397,7 +403,9 @@ async function review(op, action, note, reviewer) {
     return { result: "Paste the write token under Tokens first.", cls: "refused" };
   }
   try {
-    const body = await api(`/api/operations/${encodeURIComponent(op.operation_id)}/review`, {
+    const path = `/api/executions/${encodeURIComponent(op.execution_id)}` +
+      `/operations/${encodeURIComponent(op.operation_id)}/review`;
+    const body = await api(path, {
       method: "POST", write: true,
       headers: { "Content-Type": "application/json", Authorization: `Bearer ${writeToken()}` },
       body: JSON.stringify({ action, note, reviewer, attempt: op.attempt ?? null }),
