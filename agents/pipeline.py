@@ -474,6 +474,7 @@ class Worker:
             self.feed.publish(
                 (em.record, em.topic, value)
                 for em, value in zip(checkpoint.emissions, checkpoint.sent, strict=True)
+                if em.topic != self.processor.claims_topic  # the workers' own, not a change
             )
             now = time.time()
             for msg in batch:

@@ -145,6 +145,11 @@ def _forbidden(records: list[Any]) -> list[Alert]:
     return [r for r in records if isinstance(r, Alert) and r.kind is AlertKind.FORBIDDEN_RETRY]
 
 
+def _anomalies(records: list[Any]) -> list[Alert]:
+    """Inputs refused or quarantined: none in these runs."""
+    return [r for r in records if isinstance(r, Alert) and r.kind is AlertKind.ANOMALY]
+
+
 def _last_states(records: list[Any]) -> dict[str, OperationState]:
     last: dict[str, OperationState] = {}
     for r in records:
@@ -170,6 +175,7 @@ def test_a_send_behind_another_executions_unknown_attempt_is_a_forbidden_retry(
     one_worker: dict[str, Any],
 ) -> None:
     a, b, records = one_worker["a"], one_worker["b"], one_worker["records"]
+    assert _anomalies(records) == []
     (alert,) = {x.alert_id: x for x in _forbidden(records)}.values()
     assert alert.execution_id == b and alert.subject_id == "charge-1"
     assert alert.verdict == "UNKNOWN"
@@ -213,7 +219,7 @@ def test_a_new_send_after_the_other_attempt_failed_is_no_retry(
         if isinstance(r.record, ClaimsProgress) and r.record.occurred_at > sent_b
     }
     assert heard == {(c, s) for c in range(PARTITIONS) for s in range(PARTITIONS)}
-    assert _forbidden(got["records"]) == []
+    assert _forbidden(got["records"]) == [] and _anomalies(got["records"]) == []
     assert all(
         s.held_by_execution_id is None for s in got["records"] if isinstance(s, OperationState)
     )
