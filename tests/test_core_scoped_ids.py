@@ -318,3 +318,90 @@ def test_a_sibling_settled_by_the_key_refuses_contradicting_evidence_later() -> 
     assert step.outputs == () and [a.reason for a in step.anomalies] == [
         "contradicting evidence: FAILED after VERIFIED"
     ]
+
+
+# --- an approval alert fired before ids were scoped -----------------------------------------
+
+
+def _approval_run(strip: bool) -> tuple[list, list, dict]:
+    """A request with no heartbeat fires ORPHANED_WAIT; the worker restarts (its stored book,
+    when ``strip``, made what 83a7350 stored: no ``unscoped_verdicts``); a decline then ends
+    the wait. The outputs before and after the restart, and the stored book after."""
+    import json
+
+    from streams.contracts.models.enums import DecisionCode
+    from streams.contracts.models.events import ApprovalDecision, ApprovalRequested, ClockTick
+    from streams.processor import Processor, Stores
+    from streams.state import Entry
+    from tests.test_processor import TOPICS, env
+
+    t = datetime(2026, 11, 1, 9, tzinfo=UTC)
+    stores = Stores()
+
+    def tick(p: Processor, at: datetime) -> list:
+        return [
+            em
+            for spec in TOPICS.inputs()
+            for part in range(3)
+            for em in p.handle(
+                env(ClockTick(ticker_id="t", partition=part, occurred_at=at), spec.name, None, part)
+            )
+        ]
+
+    p = Processor(TOPICS, stores)
+    request = ApprovalRequested(
+        event_id="r1",
+        execution_id="exec-a",
+        request_id="req-1",
+        action="deploy",
+        action_digest="d1",
+        occurred_at=t,
+    )
+    before = list(p.handle(env(request))) + tick(p, t + timedelta(minutes=10))
+    p.flush()
+    if strip:
+        entry = Entry.decode(stores.executions["exec-a"])
+        book = json.loads(entry.approvals or "")
+        assert book.pop("unscoped_verdicts") == []
+        entry.approvals = json.dumps(book, separators=(",", ":"))
+        stores.executions["exec-a"] = entry.pack()
+    p = Processor(TOPICS, stores)  # a restart on the stored tables
+    decline = ApprovalDecision(
+        event_id="d1",
+        execution_id="exec-a",
+        request_id="req-1",
+        occurred_at=t + timedelta(minutes=11),
+        decision=DecisionCode.DECLINE,
+        action_digest="d1",
+    )
+    after = list(p.handle(env(decline))) + tick(p, t + timedelta(minutes=12))
+    p.flush()
+    stored = json.loads(Entry.decode(stores.executions["exec-a"]).approvals or "{}")
+    return [em.record for em in before], [em.record for em in after], stored
+
+
+def test_an_approval_alert_is_resolved_under_the_id_it_fired_with() -> None:
+    before, after, stored = _approval_run(strip=False)
+    (fired,) = [a for a in before if isinstance(a, Alert)]
+    (resolved,) = [a for a in after if isinstance(a, Alert) and a.status is AlertStatus.RESOLVED]
+    assert fired.status is AlertStatus.FIRING and resolved.resolves_alert_id == fired.alert_id
+    assert stored["unscoped_verdicts"] == []
+
+
+def test_an_approval_alert_fired_before_ids_were_scoped_is_resolved_under_its_old_id() -> None:
+    """The book stored before (no ``unscoped_verdicts``): the previous verdict's id is the
+    unscoped one, so the RESOLVED alert names the alert as it fired then; the verdicts after
+    are scoped."""
+    from streams.core.approvals.evaluation import unscoped_verdict_id
+    from streams.core.ids import deterministic_id
+
+    before, after, stored = _approval_run(strip=True)
+    (fired,) = [a for a in before if isinstance(a, Alert)]
+    (resolved,) = [a for a in after if isinstance(a, Alert) and a.status is AlertStatus.RESOLVED]
+    at = int(fired.occurred_at.timestamp() * 1000)
+    old_verdict = unscoped_verdict_id("req-1", ApprovalVerdictCode(fired.verdict), at)
+    old_alert = deterministic_id(
+        "alert", AlertKind.APPROVAL_VERDICT, "req-1", fired.verdict, old_verdict
+    )
+    assert resolved.resolves_alert_id == old_alert != fired.alert_id
+    assert stored["unscoped_verdicts"] == []  # the request's last verdict is scoped now

@@ -36,10 +36,15 @@ ID_FIELDS = (
 )
 
 
+#: Fields added to the contract since, with their default: left out when they hold it.
+ADDED_FIELDS: dict[str, dict[str, Any]] = {"WorkItemResolution": {"evidence": []}}
+
+
 def digest_without_ids(emissions: list[Any]) -> str:
     """``core.digest`` of the same emissions with every derived id blanked (``ID_FIELDS``
-    and the ``work_item=`` evidence) and each record keyed by its own key field, not by its
-    Kafka key: what stays of a run's outputs across a change of the id derivations."""
+    and the ``work_item=`` evidence), fields added since left out while they hold their
+    default, and each record keyed by its own key field, not by its Kafka key: what stays of
+    a run's outputs across a change of the id derivations."""
     per_key: dict[tuple[str, str], Any] = {}
     for em in emissions:
         record = em.record
@@ -49,6 +54,9 @@ def digest_without_ids(emissions: list[Any]) -> str:
         for name in ID_FIELDS:
             if data.get(name) is not None:
                 data[name] = "-"
+        for name, default in ADDED_FIELDS.get(type(record).__name__, {}).items():
+            if data.get(name) == default:
+                del data[name]
         if "evidence" in data:
             data["evidence"] = [
                 "work_item=-" if e.startswith("work_item=") else e for e in data["evidence"]

@@ -22,7 +22,8 @@ Why it is shaped like this:
 - **Attempts are kept.** A forbidden-retry alert names both attempts, and an earlier attempt's
   open work item stays open (and is resolved) on its own, whatever the newer attempt does.
 - **One published state per operation, with the operation's verdict.** ``OperationState``
-  is compacted by operation id, so it describes the latest attempt (its status, reason,
+  is compacted by the operation's scoped key (execution and operation id,
+  ``streams.contracts.keys``), so it describes the latest attempt (its status, reason,
   deadlines) and carries the retry verdict of the whole operation: the most restrictive of the
   latest attempt's own and those of every attempt that would make a new send a forbidden
   retry (another attempt of the operation, or one of an operation sharing an idempotency key,
@@ -30,6 +31,13 @@ Why it is shaped like this:
   that trusts a SAFE verdict must not get a FORBIDDEN_RETRY alert for acting on it. When an
   attempt changes, every operation whose verdict it bears on is published again if its state
   changed, so the compacted topic always shows the verdict in force.
+- **An idempotency key is one effect.** A source's VERIFIED of one attempt settles the other
+  UNKNOWN or RECONCILING attempts of the execution under the same key, saying so in their
+  resolutions (``_shared_key_siblings``); attempts without that key may be a second effect
+  and stay open.
+- **Ids are scoped by the execution.** Operation ids repeat across runs (``call_1``), so every
+  id made here hashes ``scoped_key(execution_id, operation_id)`` (``work_item_id`` and its
+  siblings below).
 - **Deadlines are frozen when armed** (from the event or the connector's default), and fired
   outputs are stamped with the deadline, not with the tick that noticed it: the outputs do not
   depend on when ticks arrive, and a replay yields the same records with the same ids.

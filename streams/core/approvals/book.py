@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import AwareDatetime, field_validator
+from pydantic import AwareDatetime, field_validator, model_validator
 
 from streams.contracts.models.base import construct, replace, to_millis
 from streams.contracts.models.enums import (
@@ -70,6 +70,17 @@ class ApprovalBook(_TimedModel):
     last_verdicts: dict[str, LastVerdict] = {}
     evaluated_until: AwareDatetime | None = None
     dirty: tuple[str, ...] = ()
+    #: The requests whose last verdict was published with the id of before ids were scoped by
+    #: the execution (``evaluation.unscoped_verdict_id``): the RESOLVED alert that ends its
+    #: alert must name the id that alert fired with. A book stored before has no such list:
+    #: every last verdict of it is one (None, read as all of them).
+    unscoped_verdicts: tuple[str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _stored_before_scoping(self) -> ApprovalBook:
+        if self.unscoped_verdicts is None:
+            self.__dict__["unscoped_verdicts"] = tuple(sorted(self.last_verdicts))
+        return self
 
     @field_validator("digests")
     @classmethod
@@ -224,6 +235,7 @@ def advance(
     dirty = set(book.dirty)
     last = dict(book.last_verdicts)
     emitted: list[ApprovalVerdict] = []
+    republished: set[str] = set()
     for rid in sorted(book.requests):
         req = book.requests[rid].request
         if req is None:
@@ -243,11 +255,15 @@ def advance(
             evaluation = evaluate(facts, point, thresholds)
             if previous is None or previous.verdict is not evaluation.verdict:
                 emitted.append(to_verdict(evaluation, previous.verdict if previous else None, req))
+                republished.add(rid)
                 previous = construct(
                     LastVerdict, {"verdict": evaluation.verdict, "since": to_millis(point)}
                 )
                 last[rid] = previous
-    new_book = replace(book, last_verdicts=last, evaluated_until=to, dirty=())
+    unscoped = tuple(r for r in book.unscoped_verdicts or () if r not in republished)
+    new_book = replace(
+        book, last_verdicts=last, evaluated_until=to, dirty=(), unscoped_verdicts=unscoped
+    )
     emitted.sort(key=lambda v: (v.evaluated_at, v.request_id))
     return _prune(new_book), tuple(emitted)
 
@@ -366,6 +382,7 @@ def purge_closed(book: ApprovalBook, before: datetime) -> ApprovalBook:
             requests=keep,
             last_verdicts={r: v for r, v in book.last_verdicts.items() if r in keep},
             dirty=tuple(r for r in book.dirty if r in keep),
+            unscoped_verdicts=tuple(r for r in book.unscoped_verdicts or () if r in keep),
         )
     )
 
@@ -391,6 +408,7 @@ def take_orphans(
         requests={r: f for r, f in book.requests.items() if r not in gone},
         last_verdicts={r: v for r, v in book.last_verdicts.items() if r not in gone},
         dirty=tuple(r for r in book.dirty if r not in gone),
+        unscoped_verdicts=tuple(r for r in book.unscoped_verdicts or () if r not in gone),
     )
     return _prune(kept), tuple(orphans)
 

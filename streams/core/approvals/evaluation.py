@@ -424,6 +424,12 @@ def verdict_id(
     return deterministic_id("verdict", scoped_key(execution_id or "", request_id), verdict, at_ms)
 
 
+def unscoped_verdict_id(request_id: str, verdict: ApprovalVerdictCode, at_ms: int) -> str:
+    """The id a verdict had before ids were scoped by the execution (83a7350 and before): the
+    RESOLVED alert ending an alert fired then must name that verdict's id."""
+    return deterministic_id("verdict", request_id, verdict, at_ms)
+
+
 def to_verdict(
     evaluation: Evaluation,
     previous: ApprovalVerdictCode | None = None,

@@ -54,7 +54,11 @@ from streams.core.approvals.book import (
     LastVerdict,
     _merge_request,
 )
-from streams.core.approvals.evaluation import REASON_SEPARATOR, verdict_id
+from streams.core.approvals.evaluation import (
+    REASON_SEPARATOR,
+    unscoped_verdict_id,
+    verdict_id,
+)
 from streams.core.approvals.facts import (
     ApprovalFacts,
     DecisionFact,
@@ -262,6 +266,7 @@ class Ledger:
         "last",
         "requests",
         "touched",
+        "unscoped",
         "version",
     )
 
@@ -272,6 +277,8 @@ class Ledger:
         self.heartbeats: tuple[int, ...] = ()
         #: request id -> (verdict, the change point it was stamped with), in the order first set
         self.last: dict[str, tuple[ApprovalVerdictCode, int]] = {}
+        #: requests whose last verdict has the id of before ids were scoped (``ApprovalBook``)
+        self.unscoped: set[str] = set()
         self.evaluated_until: int | None = None
         self.dirty: set[str] = set()
         self.version = 0
@@ -528,14 +535,18 @@ class Ledger:
                 verdict, findings = _judge(self, r, req, point)
                 if previous is None or previous[0] is not verdict:
                     if previous is not None and previous_id is None:
-                        previous_id = verdict_id(
-                            r.execution_id, rid, previous[0], id_ms(previous[1])
-                        )
+                        if rid in self.unscoped:
+                            previous_id = unscoped_verdict_id(rid, previous[0], id_ms(previous[1]))
+                        else:
+                            previous_id = verdict_id(
+                                r.execution_id, rid, previous[0], id_ms(previous[1])
+                            )
                     record = _record(r, req, point, verdict, findings, previous)
                     emitted.append((point, rid, record, previous_id))
                     previous_id = record.verdict_id
                     previous = (verdict, point)
                     last[rid] = previous
+                    self.unscoped.discard(rid)
         if start != to or dirty or emitted:
             self.touched = True
         self.evaluated_until = to
@@ -602,6 +613,7 @@ class Ledger:
         for rid in gone:
             del self.requests[rid]
             self.last.pop(rid, None)
+            self.unscoped.discard(rid)
             self.dirty.discard(rid)
         self.touched = True
         self._prune()
@@ -693,6 +705,7 @@ class Ledger:
         ledger.digests = tuple(_digest(to_ms(d.at), d.digest) for d in book.digests)  # type: ignore[arg-type]
         ledger.heartbeats = tuple(to_ms(t) for t in book.heartbeats)
         ledger.last = {rid: (lv.verdict, to_ms(lv.since)) for rid, lv in book.last_verdicts.items()}
+        ledger.unscoped = set(book.unscoped_verdicts or ())
         if book.evaluated_until is not None:
             ledger.evaluated_until = to_ms(book.evaluated_until)
         ledger.dirty = set(book.dirty)
@@ -743,6 +756,7 @@ class Ledger:
                 },
                 "evaluated_until": None if until is None else from_ms(until),
                 "dirty": tuple(sorted(self.dirty)),
+                "unscoped_verdicts": tuple(sorted(self.unscoped)),
             },
         )
 
@@ -1136,7 +1150,8 @@ def _encode(ledger: Ledger) -> str:
         f'"digests":[{digests}],"heartbeats":{_times(ledger.heartbeats)},'
         f'"last_verdicts":{{{last}}},'
         f'"evaluated_until":{"null" if until is None else _iso(until)},'
-        f'"dirty":[{",".join(_json(rid) for rid in sorted(ledger.dirty))}]}}'
+        f'"dirty":[{",".join(_json(rid) for rid in sorted(ledger.dirty))}],'
+        f'"unscoped_verdicts":[{",".join(_json(rid) for rid in sorted(ledger.unscoped))}]}}'
     )
 
 
@@ -1198,4 +1213,6 @@ def _decode(data: dict[str, Any]) -> Ledger:
     until = data["evaluated_until"]
     ledger.evaluated_until = None if until is None else _ms_of(until)
     ledger.dirty = set(data["dirty"])
+    unscoped = data.get("unscoped_verdicts")  # absent: stored before ids were scoped
+    ledger.unscoped = set(ledger.last if unscoped is None else unscoped)
     return ledger
