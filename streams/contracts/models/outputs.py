@@ -93,8 +93,8 @@ class WorkItemResolution(Record):
     outcome: OperationStatus
     evidence_source: EvidenceSource
     resolved_at: Millis
-    traceparent: str | None = None
     evidence: tuple[str, ...] = ()
+    traceparent: str | None = None
 
 
 class ProofFinding(Record):
