@@ -39,13 +39,15 @@ def _on(partition: int, stem: str) -> str:
     )
 
 
-def op(ex: str, n: int, kind: OperationEventKind, at: timedelta, **kw: Any) -> OperationEvent:
+def op(
+    ex: str, n: int, kind: OperationEventKind, at: timedelta, key: str, **kw: Any
+) -> OperationEvent:
     return OperationEvent(
         event_id=f"{ex}-{n}",
         execution_id=ex,
         operation_id="charge-1",  # agent frameworks reuse such names across runs
         attempt=1,
-        idempotency_key="order-42",
+        idempotency_key=key,
         connector="payments",
         kind=kind,
         occurred_at=T0 + at,
@@ -53,50 +55,49 @@ def op(ex: str, n: int, kind: OperationEventKind, at: timedelta, **kw: Any) -> O
     )
 
 
-def scenario(a: str, b: str, *, a_fails_first: bool) -> list[OperationEvent]:
+def scenario(a: str, b: str, key: str, *, a_fails_first: bool) -> list[OperationEvent]:
     """A sends at T0 (reply due 30 s later); then either A is rejected at +40 s or not; B
-    sends at +4 min."""
-    events = [op(a, 1, K.SENT, timedelta(0), reply_due_at=T0 + timedelta(seconds=30))]
+    sends at +4 min, with the same connector and key."""
+    events = [op(a, 1, K.SENT, timedelta(0), key, reply_due_at=T0 + timedelta(seconds=30))]
     if a_fails_first:
         events.append(
-            op(a, 2, K.FAILED, timedelta(seconds=40), evidence_source=EvidenceSource.CONNECTOR)
+            op(a, 2, K.FAILED, timedelta(seconds=40), key, evidence_source=EvidenceSource.CONNECTOR)
         )
-    events.append(op(b, 1, K.SENT, timedelta(minutes=4), reply_due_at=T0 + timedelta(minutes=9)))
+    events.append(
+        op(b, 1, K.SENT, timedelta(minutes=4), key, reply_due_at=T0 + timedelta(minutes=9))
+    )
     return events
 
 
-def run(cluster: Any, tmp_path: Path, workers: int, *, a_fails_first: bool) -> dict[str, Any]:
+def run(cluster: Any, tmp_path: Path, workers: int) -> dict[str, Any]:
+    """Both cases in one deployment, under two keys: A UNKNOWN then B sends (``order-42``),
+    and C FAILED then D sends (``order-43``); A and C on partition 0, B and D on 1."""
     dep = deployment(cluster, tmp_path, partitions=PARTITIONS)
     a, b = _on(0, "exec-a"), _on(1, "exec-b")
-    dep.produce(scenario(a, b, a_fails_first=a_fails_first))
+    c, d = _on(0, "exec-c"), _on(1, "exec-d")
+    dep.produce(scenario(a, b, "order-42", a_fails_first=False))
+    dep.produce(scenario(c, d, "order-43", a_fails_first=True))
     dep.tick(T0 + timedelta(minutes=5))
     topics = [dep.topics.alerts.name, dep.topics.operation_state.name]
 
-    def held_both(rs: list[Any]) -> bool:
+    def settled(rs: list[Any]) -> bool:
         held = {
             r.record.execution_id
             for r in rs
             if isinstance(r.record, OperationState) and r.record.held_by_execution_id
         }
-        return held == {a, b}
-
-    def b_sent(rs: list[Any]) -> bool:
-        return any(
+        d_sent = any(
             isinstance(r.record, OperationState)
-            and r.record.execution_id == b
+            and r.record.execution_id == d
             and r.record.status is OperationStatus.SENT
             for r in rs
         )
+        return held == {a, b} and d_sent
 
     with _workers(dep, workers) as procs:
-        if a_fails_first:
-            got = dep.read_until(topics, b_sent, timeout=90)
-            # the join decides within a tick or two; give it time to (wrongly) find something
-            dep.tick(T0 + timedelta(minutes=6))
-            got = dep.read(topics, idle=6.0)
-        else:
-            got = dep.read_until(topics, held_both, timeout=90)
-            got = dep.read(topics, idle=3.0)  # and nothing more comes
+        dep.read_until(topics, settled, timeout=90)
+        dep.tick(T0 + timedelta(minutes=6))  # one more round: nothing further may come
+        got = dep.read(topics, idle=3.0)
         owners = {ex: _owner(procs, ex) for ex in (a, b)}
         views = {
             ex: httpx.get(
@@ -108,6 +109,8 @@ def run(cluster: Any, tmp_path: Path, workers: int, *, a_fails_first: bool) -> d
     return {
         "a": a,
         "b": b,
+        "c": c,
+        "d": d,
         "records": [r.record for r in got],
         "owners": owners,
         "claims": claims,
@@ -158,6 +161,10 @@ def _last_states(records: list[Any]) -> dict[str, OperationState]:
     return last
 
 
+def _of(records: list[Any], *executions: str) -> list[Any]:
+    return [r for r in records if getattr(r, "execution_id", None) in executions]
+
+
 def _outcome(run_: dict[str, Any]) -> tuple[Any, ...]:
     """What must not depend on how many workers there are: the alerts by id and the final
     state of each operation."""
@@ -168,14 +175,15 @@ def _outcome(run_: dict[str, Any]) -> tuple[Any, ...]:
 
 @pytest.fixture(scope="module")
 def one_worker(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return run(cluster, tmp_path_factory.mktemp("one"), 1, a_fails_first=False)
+    return run(cluster, tmp_path_factory.mktemp("one"), 1)
 
 
 def test_a_send_behind_another_executions_unknown_attempt_is_a_forbidden_retry(
     one_worker: dict[str, Any],
 ) -> None:
-    a, b, records = one_worker["a"], one_worker["b"], one_worker["records"]
-    assert _anomalies(records) == []
+    a, b = one_worker["a"], one_worker["b"]
+    assert _anomalies(one_worker["records"]) == []
+    records = _of(one_worker["records"], a, b)
     (alert,) = {x.alert_id: x for x in _forbidden(records)}.values()
     assert alert.execution_id == b and alert.subject_id == "charge-1"
     assert alert.verdict == "UNKNOWN"
@@ -199,7 +207,7 @@ def test_a_send_behind_another_executions_unknown_attempt_is_a_forbidden_retry(
 def test_two_workers_give_the_same_outputs(
     cluster: Any, tmp_path: Path, one_worker: dict[str, Any]
 ) -> None:
-    two = run(cluster, tmp_path, 2, a_fails_first=False)
+    two = run(cluster, tmp_path, 2)
     # different deployments: the execution ids are the same, so are the ids derived from them
     assert (two["a"], two["b"]) == (one_worker["a"], one_worker["b"])
     assert two["owners"][two["a"]] != two["owners"][two["b"]]  # A and B on different workers
@@ -207,20 +215,21 @@ def test_two_workers_give_the_same_outputs(
 
 
 def test_a_new_send_after_the_other_attempt_failed_is_no_retry(
-    cluster: Any, tmp_path: Path
+    one_worker: dict[str, Any],
 ) -> None:
-    got = run(cluster, tmp_path, 1, a_fails_first=True)
-    # the join had what it needed to decide B's send: every claims partition heard from every
+    c, d = one_worker["c"], one_worker["d"]
+    # the join had what it needed to decide D's send: every claims partition heard from every
     # input partition past it
-    sent_b = T0 + timedelta(minutes=4)
+    sent_d = T0 + timedelta(minutes=4)
     heard = {
         (r.partition, r.record.source_partition)
-        for r in got["claims"]
-        if isinstance(r.record, ClaimsProgress) and r.record.occurred_at > sent_b
+        for r in one_worker["claims"]
+        if isinstance(r.record, ClaimsProgress) and r.record.occurred_at > sent_d
     }
-    assert heard == {(c, s) for c in range(PARTITIONS) for s in range(PARTITIONS)}
-    assert _forbidden(got["records"]) == [] and _anomalies(got["records"]) == []
-    assert all(
-        s.held_by_execution_id is None for s in got["records"] if isinstance(s, OperationState)
-    )
-    assert _last_states(got["records"])[got["b"]].retry is RetryVerdict.WAIT
+    assert heard == {(p, s) for p in range(PARTITIONS) for s in range(PARTITIONS)}
+    records = _of(one_worker["records"], c, d)
+    assert _forbidden(records) == []
+    states = [s for s in records if isinstance(s, OperationState)]
+    assert states and all(s.held_by_execution_id is None for s in states)
+    assert _last_states(records)[d].retry is RetryVerdict.WAIT
+    assert _last_states(records)[c].status is OperationStatus.FAILED
