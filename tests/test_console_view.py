@@ -296,6 +296,27 @@ def test_a_newer_file_version_is_dropped_and_rebuilt(tmp_path: Path) -> None:
     assert again.is_empty() and again.query("executions", {}).items == []
 
 
+def test_the_review_log_outlives_a_version_change(tmp_path: Path) -> None:
+    """Who reviewed what is the console's own record, not rebuilt from the topics."""
+    from streams.console.review import REVIEW_LOG
+
+    path = tmp_path / "old.sqlite3"
+    v = ConsoleView(path)
+    v.apply(DEMO)
+    v.execute_write(REVIEW_LOG)
+    row = ("2026-12-01T00:00:00Z", "ana", "127.0.0.1", "op-1", "exec-1", 1, "take", "n", "x", 202)
+    v.execute_write(
+        "INSERT INTO review_log (at, reviewer, remote, operation_id, execution_id, attempt,"
+        " action, note, outcome, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        row,
+    )
+    v.execute_write("PRAGMA user_version=1")  # the tables before ids were scoped
+    v.close()
+    again = ConsoleView(path)
+    assert again.is_empty()
+    assert [r["reviewer"] for r in again.execute_read("SELECT * FROM review_log")] == ["ana"]
+
+
 def test_execute_write_and_read(view: ConsoleView) -> None:
     view.execute_write("CREATE TABLE review_log (who TEXT, what TEXT)")
     assert view.execute_write("INSERT INTO review_log VALUES (?, ?)", ("ana", "take")) == 1

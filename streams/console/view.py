@@ -52,6 +52,9 @@ from streams.core.operations import NEXT_STEP_OVERDUE, NEXT_STEP_UNKNOWN
 
 #: Bumped when the tables change: an older file is dropped and rebuilt from the topics.
 SCHEMA_VERSION = 2
+#: Tables kept across a version change: written by the console itself (``review.py``), not
+#: rebuilt from the topics.
+KEPT_TABLES = frozenset({"review_log"})
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 50
 #: Longest free-text filter value accepted (ids, connectors, actions).
@@ -443,9 +446,11 @@ class ConsoleView:
         (version,) = db.execute("PRAGMA user_version").fetchone()
         if version not in (0, SCHEMA_VERSION):
             # A cache from another version of the console: drop it, the topics rebuild it.
+            # Not the tables the topics cannot rebuild: the record of who reviewed what.
             names = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
             for name in names:
-                db.execute(f'DROP TABLE IF EXISTS "{name}"')
+                if name not in KEPT_TABLES and not name.startswith("sqlite_"):
+                    db.execute(f'DROP TABLE IF EXISTS "{name}"')
         db.executescript(_SCHEMA)
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
