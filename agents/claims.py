@@ -32,6 +32,7 @@ import faust
 from agents.changelog import DirectTable
 from streams.contracts.codec import AvroCodec, RegistryUnavailable
 from streams.contracts.envelope import Envelope, open_envelope
+from streams.contracts.keys import split_key
 from streams.contracts.models.outputs import ClaimsProgress, IdempotencyClaim
 from streams.core import claims as cl
 from streams.emission import Emission
@@ -43,7 +44,8 @@ from streams.settings import Settings
 
 log = logging.getLogger("vigil.claims")
 
-#: The table key of a claims partition's watermarks (a connector name never starts with NUL).
+#: The table key of a claims partition's watermarks (a scoped key never starts with NUL: it
+#: is percent-encoded).
 WATERMARKS_KEY = "\x00watermarks/"
 
 
@@ -178,7 +180,7 @@ class ClaimsStage:
     def _book_of(self, key: str) -> cl.KeyBook:
         book = self._book(key)
         if book is None:  # a pending key always has a book; an empty one decides nothing
-            connector, _, idempotency_key = key.partition("\x1f")
+            connector, idempotency_key = split_key(key)
             return cl.KeyBook(connector, idempotency_key)
         return book
 

@@ -159,7 +159,7 @@ def test_the_live_processor_claims_publishes_progress_and_applies_links() -> Non
         tick = ClockTick(ticker_id="t", partition=p, occurred_at=T0 + timedelta(seconds=1))
         out += proc.handle(_env(spec.name, tick, 1 + i, p))
     claims = [e for e in out if isinstance(e.record, IdempotencyClaim)]
-    assert [(e.key, e.record.status) for e in claims] == [("payments\x1forder-42", S.SENT)]
+    assert [(e.key, e.record.status) for e in claims] == [("payments/order-42", S.SENT)]
     progress = [e for e in out if isinstance(e.record, ClaimsProgress)]
     assert sorted(e.partition for e in progress) == list(range(TOPICS.execution_status.partitions))
     assert out.index(claims[0]) < out.index(progress[0])  # claims before the progress

@@ -89,8 +89,9 @@ def _key_schema(model: type[Record], spec: TopicSpec) -> dict[str, Any]:
         return {
             "type": "string",
             "description": (
-                "UTF-8 text of the record's connector, the byte 0x1f, its idempotency_key "
-                f"(topic key: {spec.key})."
+                "UTF-8 text of the record's connector and idempotency_key, each "
+                "percent-encoded (RFC 3986: every character but A-Z a-z 0-9 - . _ ~ as %XX of "
+                f"its UTF-8 bytes), joined by '/' (topic key: {spec.key})."
             ),
         }
     if model.avro_name == "ClaimsProgress":

@@ -41,7 +41,7 @@ from typing import NamedTuple
 from streams.contracts.models.enums import OperationStatus
 from streams.contracts.models.outputs import ClaimsProgress, IdempotencyClaim, RetryLink
 from streams.core.executions import from_ms, to_ms
-from streams.core.ids import deterministic_id
+from streams.core.ids import deterministic_id, scoped_key
 from streams.core.operations import BLOCKS_RETRY, OperationBook
 
 S = OperationStatus
@@ -86,10 +86,11 @@ def claim_key_parts(connector: str, key: str) -> tuple[str, str]:
 
 
 def claims_key(connector: str, key: str) -> str:
-    """The Kafka key of a (connector, idempotency key): the connector, an ASCII unit separator
-    (0x1f, which neither a connector name nor a key is expected to hold), the key. Murmur2 on
-    it puts every claim of the key in one partition."""
-    return f"{connector}\x1f{key}"
+    """The Kafka key of a (connector, idempotency key): ``scoped_key(connector, key)``, each
+    part percent-encoded and joined by ``/`` (``streams.contracts.keys``), so that it splits
+    back into exactly its two parts whatever characters they hold. Murmur2 on it puts every
+    claim of the key in one partition."""
+    return scoped_key(connector, key)
 
 
 class Link(NamedTuple):

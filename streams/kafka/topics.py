@@ -219,7 +219,8 @@ class Topics:
             idempotency_claims=TopicSpec(
                 f"{p}.idempotency-claims{sfx}",
                 Role.INTERNAL,
-                "connector + 0x1f + idempotency_key (progress: none, to every partition)",
+                "connector/idempotency_key, each percent-encoded (progress: none, to every "
+                "partition)",
                 (out.IdempotencyClaim, out.ClaimsProgress),
                 n,
                 "delete",
