@@ -114,6 +114,8 @@ class Operation(_View):
     held_by_operation_id: str | None = None
     held_by_attempt: int | None = None
     held_by_status: OpStatus | None = None
+    #: set when the holder is another execution's attempt under the same connector and key
+    held_by_execution_id: str | None = None
 
 
 class FailedProof(_View):

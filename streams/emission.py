@@ -25,6 +25,9 @@ class Emission(NamedTuple):
     key: str | None
     record: Record
     headers: tuple[tuple[str, str], ...] = ()
+    #: the partition to write to, for a record with no key to hash (``ClaimsProgress``,
+    #: written to every partition); None: murmur2 of the key
+    partition: int | None = None
 
     @property
     def timestamp_ms(self) -> int | None:

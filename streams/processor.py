@@ -32,11 +32,12 @@ from streams.contracts.envelope import Envelope
 from streams.contracts.models import events as ev
 from streams.contracts.models.base import Record
 from streams.contracts.models.enums import AnomalyKind
-from streams.contracts.models.outputs import Anomaly
+from streams.contracts.models.outputs import Anomaly, OperationState, RetryLink
 from streams.core import approvals as ap
+from streams.core import claims as cl
+from streams.core import cross, trace
 from streams.core import executions as ex
 from streams.core import operations as ops
-from streams.core import trace
 from streams.core.alerts import anomaly_alert, verdict_alerts
 from streams.core.bounds import out_of_domain, text_bounds
 from streams.core.clock import PartitionClock
@@ -126,13 +127,16 @@ class Processor:
         max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
         write_behind: bool = False,
         committed: Callable[[str, int], int | None] | None = None,
+        cross_execution: bool = False,
     ) -> None:
         """``write_behind``: state changes stay in the cache until ``flush`` (the live worker
         flushes once a batch's outputs are delivered); otherwise every ``handle`` flushes.
         ``committed`` (topic, partition -> committed offset), given by the live worker, turns
         on redelivery detection: the input positions each execution applied are kept in its
         entry until the committed offset passes them. ``max_entry_bytes``: the largest an
-        execution's packed entry may grow to by an input (``_apply``)."""
+        execution's packed entry may grow to by an input (``_apply``). ``cross_execution`` (the
+        live worker) turns on the join of attempts across executions (``streams.core.claims``):
+        claims and progress published, retry links applied (``_on_link``)."""
         self.topics = topics
         self.stores = stores
         self.state = ExecutionStore(stores.executions)
@@ -140,6 +144,7 @@ class Processor:
         self.closed = self.state.view("closed")
         self.operations = self.state.view("operations")
         self.approvals = self.state.view("approvals")
+        self.links = self.state.view("links")
         self.write_behind = write_behind
         self.committed = committed
         self.partitions = topics.execution_status.partitions
@@ -171,6 +176,12 @@ class Processor:
         #: names the input that raised it)
         self.applying: Envelope | None = None
         self._rank = self.scheduler.rank
+        self.cross_execution = cross_execution
+        self.claims_topic = topics.idempotency_claims.name
+        #: per input partition, the watermark last published as progress to the claims
+        #: topic, and the partitions that published claims since
+        self._progress_sent: dict[int, int] = {}
+        self._claimed: set[int] = set()
 
     @classmethod
     def from_settings(
@@ -293,6 +304,11 @@ class Processor:
         record = env.record
         assert record is not None
         self.counters.inputs[record.avro_name] += 1
+        if type(record) is RetryLink:
+            # decided already, by the claims join: applied at once, in the order read
+            scheduler.done(token)
+            self._on_link(record, out)
+            return out
         t = record.occurred_at  # type: ignore[attr-defined]
         t_ms = (t - EPOCH) // ONE_MS  # epoch_ms, inlined: once per record
         if type(record) is ev.ClockTick:
@@ -516,10 +532,14 @@ class Processor:
                 out.append(self.emitter.anomaly(env, record, item.finding))  # type: ignore[arg-type, union-attr]
             elif cls is Orphan:
                 out.append(self.emitter.orphan(execution_id, item.request_id, item.last_fact))  # type: ignore[union-attr]
+            elif cls is OperationState and self.cross_execution:
+                out.append(emit(self._across(item)))  # type: ignore[arg-type]
             else:
                 out.append(emit(item))  # type: ignore[arg-type]
         if trace_key is not None and traced_from >= len(outputs):
             self._remember_trace(record, trace_key)  # type: ignore[arg-type]
+        if self.cross_execution:
+            self._claim(execution_id, outputs, out)
         if step.due:
             schedule = self.scheduler.schedule
             partition = self.partition_of(execution_id)
@@ -569,6 +589,66 @@ class Processor:
                 assert record is not None
                 self._apply(env, record, out)
                 done(item.token)  # type: ignore[union-attr]
+        if self.cross_execution:
+            self._progress(partition, watermark_ms, out)
+
+    # -- blind retries across executions (streams.core.claims, streams.core.cross) ----------
+    def _claim(self, execution_id: str, outputs: list[Any], out: list[Emission]) -> None:
+        """A claim for every attempt with an idempotency key of each operation whose state
+        the step published (an unchanged attempt's claim is a repetition the join ignores)."""
+        op_ids = {o.operation_id for o in outputs if type(o) is OperationState}
+        if not op_ids:
+            return
+        book = self._execution(execution_id).operations
+        if book is None:
+            return
+        for claim in cl.claims_of(book, sorted(op_ids)):
+            record = cl.claim_record(claim)
+            self.counters.outputs[record.avro_name] += 1
+            out.append(
+                Emission(self.claims_topic, cl.claims_key(claim.connector, claim.key), record)
+            )
+            self._claimed.add(self.partition_of(execution_id))
+
+    def _progress(self, partition: int, watermark_ms: int, out: list[Emission]) -> None:
+        """Tell every claims partition how far this partition's claims are complete: after
+        claims, at the next watermark; else at most once a second of event time."""
+        last = self._progress_sent.get(partition)
+        if last is not None and watermark_ms <= last:
+            return
+        if partition not in self._claimed and last is not None and watermark_ms - last < 1000:
+            return
+        self._claimed.discard(partition)
+        self._progress_sent[partition] = watermark_ms
+        record = cl.progress_record(partition, self.partitions, watermark_ms)
+        for p in range(self.partitions):
+            out.append(Emission(self.claims_topic, None, record, (), p))
+
+    def _across(self, state: OperationState) -> OperationState:
+        """An operation's state with the other executions' attempts in its verdict."""
+        links = self.state.load(state.execution_id, "links", cross.load_links)
+        return state if links is None else cross.overlay(state, links)
+
+    def _on_link(self, link: RetryLink, out: list[Emission]) -> None:
+        """What the claims join tells this execution: kept, the operation's state published
+        again if its verdict or holder changed, and the FORBIDDEN_RETRY alert of the later
+        send."""
+        execution_id = link.execution_id
+        state = self.state
+        links = state.load(execution_id, "links", cross.load_links)
+        new, changed = cross.apply_link(links, link, epoch_ms(link.occurred_at))
+        if not changed:
+            return
+        state.save(execution_id, "links", new, cross.dump_links)
+        book = self._execution(execution_id).operations
+        if book is not None and link.operation_id in book.operations:
+            base = next(s for s in ops.current_states(book) if s.operation_id == link.operation_id)
+            after = cross.overlay(base, new)
+            if after != cross.overlay(base, links):
+                out.append(self.emitter.emit(after))
+        alert = cross.blind_retry_alert(link)
+        if alert is not None:
+            out.append(self.emitter.emit(alert))
 
     # -- trace context --------------------------------------------------------------------
     def _traces(self, execution_id: str) -> dict[str, str] | None:

@@ -93,6 +93,7 @@ DOMAIN_DURATIONS = {
     "reply_timeout": ("VIGIL_REPLY_TIMEOUT", True),
     "verify_timeout": ("VIGIL_VERIFY_TIMEOUT", True),
     "orphan_after": ("VIGIL_ORPHAN_AFTER", False),
+    "claims_grace": ("VIGIL_CLAIMS_GRACE", False),
     "max_future_skew": ("VIGIL_MAX_FUTURE_SKEW", False),
     "allowed_lateness": ("VIGIL_ALLOWED_LATENESS", False),
 }
@@ -186,6 +187,7 @@ class _Environment(BaseSettings):
     verify_timeout: Duration = _var("VIGIL_VERIFY_TIMEOUT", "5m")
     policies_file: str | None = _var("VIGIL_POLICIES_FILE")
     orphan_after: Duration = _var("VIGIL_ORPHAN_AFTER", "1h")
+    claims_grace: Duration = _var("VIGIL_CLAIMS_GRACE", "0s")
     max_future_skew: Duration = _var("VIGIL_MAX_FUTURE_SKEW", "1h")
     allowed_lateness: Duration = _var("VIGIL_ALLOWED_LATENESS", "0s")
     api_token: str | None = _var("VIGIL_API_TOKEN")
@@ -326,6 +328,10 @@ class Settings:
     #: VIGIL_ORPHAN_AFTER — facts for an approval request that has not arrived this long after
     #: them are reported as ORPHAN_FACT anomalies and dropped.
     orphan_after: timedelta = timedelta(hours=1)
+    #: VIGIL_CLAIMS_GRACE — how far behind the claims partition's watermark a claim may come
+    #: and still be judged as if in order (docs/rules.md#blind-retries-across-executions): a
+    #: send is decided once the watermark is past it plus this.
+    claims_grace: timedelta = timedelta(0)
     #: VIGIL_MAX_FUTURE_SKEW — events further ahead of their partition's stream time are
     #: anomalies (a producer clock gone wrong must not drag stream time forward).
     max_future_skew: timedelta = timedelta(hours=1)

@@ -16,8 +16,11 @@ writes one busy execution gets in a batch into one changelog record.
 An entry's text is five fields separated by ASCII RS (0x1e), which JSON text never contains
 unescaped: the JSON of the in-flight slot, the closed slot, the operation book, the approval
 book (each empty when absent) and the applied input positions; a sixth, the trace contexts
-inputs brought (``streams.core.trace``, JSON), only when there are any. The table stores that
-text compressed (``streams/compact.py``), and reads uncompressed text as it is.
+inputs brought (``streams.core.trace``, JSON), only when there are any; a seventh, what the
+execution was told of other executions' attempts under its idempotency keys
+(``streams.core.cross``, JSON), only when there is any (the sixth is then empty if need be).
+The table stores that text compressed (``streams/compact.py``), and reads uncompressed text
+as it is.
 
 The slots and the operation book are written in format 2: JSON arrays with times in epoch
 milliseconds (``executions.dump_slot``, ``operations.dump_book``). Format 1, JSON objects with
@@ -64,6 +67,8 @@ class Entry:
     #: Trace contexts by what they belong to (``streams.core.trace``), JSON; carried to the
     #: outputs, never a reason to keep an entry (``empty`` ignores them).
     traces: str | None = None
+    #: Other executions' attempts in conflict with this one's (``streams.core.cross``), JSON.
+    links: str | None = None
     #: Decoded state by field, so that a batch parses each field once, and fields whose
     #: text is stale (the object changed) with the function that dumps it. Not stored.
     objs: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -83,8 +88,10 @@ class Entry:
         self.materialize()
         seen = ",".join(f"{r}:{p}:{o}" for r, p, o in self.seen)
         parts = [self.inflight, self.closed, self.operations, self.approvals, seen]
-        if self.traces:
+        if self.traces or self.links:
             parts.append(self.traces)
+        if self.links:
+            parts.append(self.links)
         return SEP.join(x or "" for x in parts)
 
     def pack(self) -> bytes:
@@ -112,15 +119,16 @@ class Entry:
         else:
             data = raw.decode() if isinstance(raw, bytes | bytearray) else str(raw)
         parts = [p or None for p in data.split(SEP)]
-        if len(parts) not in (5, 6):
-            raise ValueError(f"an execution entry has 5 or 6 fields, not {len(parts)}")
+        if len(parts) not in (5, 6, 7):
+            raise ValueError(f"an execution entry has 5 to 7 fields, not {len(parts)}")
         seen: list[Position] = []
         for item in (parts[4] or "").split(","):
             if item:
                 r, p, o = item.split(":")
                 seen.append((int(r), int(p), int(o)))
-        traces = parts[5] if len(parts) == 6 else None
-        return cls(parts[0], parts[1], parts[2], parts[3], seen, traces)
+        traces = parts[5] if len(parts) >= 6 else None
+        links = parts[6] if len(parts) == 7 else None
+        return cls(parts[0], parts[1], parts[2], parts[3], seen, traces, links)
 
 
 class EntryTooLarge(ValueError):
@@ -394,7 +402,7 @@ class FieldView(MutableMapping[str, str]):
     execution, as a mapping of execution id to JSON, read and written through the cache."""
 
     def __init__(self, store: ExecutionStore, name: str) -> None:
-        if name not in FIELDS:
+        if name not in (*FIELDS, "links"):
             raise ValueError(f"no field {name!r} in an execution entry")
         self.store, self.name = store, name
 

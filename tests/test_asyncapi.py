@@ -92,13 +92,18 @@ def test_every_topic_key_record_and_header_is_described() -> None:
             m = messages[model.avro_name]
             assert m["payload"] == {"schemaFormat": AVRO_FORMAT, "schema": model.avro_schema()}
             key = m["bindings"]["kafka"]["key"]
-            assert key["type"] == ("null" if model.key_field is None else "string")
+            keyed = model.key_field is not None or model.avro_name == "IdempotencyClaim"
+            assert key["type"] == ("string" if keyed else "null")
     ops = doc["operations"].values()
     receives = {o["channel"]["$ref"] for o in ops if o["action"] == "receive"}
     sends = {o["channel"]["$ref"] for o in ops if o["action"] == "send"}
-    assert len(receives) == len(topics.inputs()) and len(sends) == len(topics.outputs())
+    internal = len(topics.internal())  # written and read by the workers
+    assert len(receives) == len(topics.inputs()) + internal
+    assert len(sends) == len(topics.outputs()) + internal
     inputs = {
-        f"#/channels/{cid}" for cid, c in doc["channels"].items() if c["x-vigil-role"] == Role.INPUT
+        f"#/channels/{cid}"
+        for cid, c in doc["channels"].items()
+        if c["x-vigil-role"] in (Role.INPUT, Role.INTERNAL)
     }
     assert receives == inputs
     headers = messages["Alert"]["headers"]["properties"]

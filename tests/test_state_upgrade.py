@@ -37,7 +37,10 @@ ID_FIELDS = (
 
 
 #: Fields added to the contract since, with their default: left out when they hold it.
-ADDED_FIELDS: dict[str, dict[str, Any]] = {"WorkItemResolution": {"evidence": []}}
+ADDED_FIELDS: dict[str, dict[str, Any]] = {
+    "WorkItemResolution": {"evidence": []},
+    "OperationState": {"held_by_execution_id": None},
+}
 
 
 def digest_without_ids(emissions: list[Any]) -> str:

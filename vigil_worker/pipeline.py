@@ -37,6 +37,7 @@ from streams.read.web import register_web
 from streams.settings import Settings
 from streams.state import EntryTooLarge
 from vigil_worker.changelog import DirectTable
+from vigil_worker.claims import ClaimsStage
 from vigil_worker.drain import BatchDrain
 from vigil_worker.fetch_pace import FetchPace, FetchSizes, apply_sizes, running_fetcher
 from vigil_worker.lease import MembershipLease
@@ -303,8 +304,11 @@ class Worker:
         self.settings = settings
         self.codec = codec
         topics = Topics.from_settings(settings)
-        schema = SafeAvroSchema(codec, {t.name: t.value_types for t in topics.inputs()})
-        self.source = app.topic(*(t.name for t in topics.inputs()), schema=schema)
+        # The inputs, and the retry links the claims join sends back (vigil_worker/claims.py):
+        # keyed by execution id like the inputs, applied at once (no watermark: decided).
+        read = (*topics.inputs(), topics.retry_links)
+        schema = SafeAvroSchema(codec, {t.name: t.value_types for t in read})
+        self.source = app.topic(*(t.name for t in read), schema=schema)
         n = settings.partitions
         # Changelogs are replicated like the outputs (app.py decided the factor, topic-wide
         # for Faust; the in-sync minimum is per topic)
@@ -327,7 +331,12 @@ class Worker:
         # input would be judged a DUPLICATE or AFTER_TERMINAL anomaly.
         self.committed_now: dict[tuple[str, int], int | None] = {}
         self.processor = Processor.from_settings(
-            settings, topics, stores, write_behind=True, committed=self.committed
+            settings,
+            topics,
+            stores,
+            write_behind=True,
+            committed=self.committed,
+            cross_execution=True,
         )
         self.feed = Feed(codec.decode)
         self.guard = OffsetGuard()
@@ -343,8 +352,11 @@ class Worker:
         self.generation = 0
         self.last_seek: dict[tuple[str, int], float] = {}
         self.arrived: dict[tuple[str, int], float] = {}
-        self.input_names = {t.name for t in topics.inputs()}
-        self.allowed = {t.name: t.value_types for t in topics.inputs()}
+        self.input_names = {t.name for t in read}
+        self.allowed = {t.name: t.value_types for t in read}
+        #: the claims join running beside the pipeline (``vigil_worker/claims.py``), set by
+        #: ``register``
+        self.claims: Any = None
         # Outputs go through librdkafka (confluent-kafka): a produce call costs a few
         # microseconds, where aiokafka's send is a coroutine, a future and a callback per
         # record. Idempotent, acks=all, murmur2 on the key as Java clients and Faust partition.
@@ -517,6 +529,7 @@ class Worker:
             self.feed.publish(
                 (em.record, em.topic, value)
                 for em, value in zip(checkpoint.emissions, checkpoint.sent, strict=True)
+                if em.topic != self.processor.claims_topic  # the workers' own, not a change
             )
             now = time.time()
             for msg in batch:
@@ -819,7 +832,9 @@ class Worker:
 
 def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     """The worker's pipeline on ``app``; returns its processor."""
-    return Worker(app, settings, codec).processor
+    worker = Worker(app, settings, codec)
+    worker.claims = ClaimsStage(app, settings, codec, settings.claims_grace)
+    return worker.processor
 
 
 def _install_drain(

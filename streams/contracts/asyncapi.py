@@ -42,6 +42,11 @@ WRITER_DELIVERY = (
     "acks=all) before it commits the work item, and the latest record per work item id is "
     "its state (see topology.md, Reconciler)."
 )
+INTERNAL = (
+    "Internal: written and read by the workers themselves, the join of attempts across "
+    "executions by connector and idempotency key (topology.md, Blind retries across "
+    "executions). At-least-once with deterministic ids; a reader keeps what it has seen by id."
+)
 _INT_CONFIGS = frozenset(
     {
         "retention.ms",
@@ -85,6 +90,17 @@ def _topic_configuration(spec: TopicSpec) -> dict[str, Any]:
 
 
 def _key_schema(model: type[Record], spec: TopicSpec) -> dict[str, Any]:
+    if model.avro_name == "IdempotencyClaim":
+        return {
+            "type": "string",
+            "description": (
+                "UTF-8 text of the record's connector and idempotency_key, each "
+                "percent-encoded (RFC 3986: every character but A-Z a-z 0-9 - . _ ~ as %XX of "
+                f"its UTF-8 bytes), joined by '/' (topic key: {spec.key})."
+            ),
+        }
+    if model.avro_name == "ClaimsProgress":
+        return {"type": "null", "description": "Unkeyed: written to each partition."}
     if model.key_field is None:
         return {"type": "null", "description": "Unkeyed: a tick is written to each partition."}
     if model.key_scoped:
@@ -189,35 +205,41 @@ def document(settings: Settings | None = None) -> dict[str, Any]:
             "x-vigil-role": str(spec.role),
             "x-vigil-key": spec.key,
         }
-        receive = spec.role is Role.INPUT
-        op: dict[str, Any] = {
-            "action": "receive" if receive else "send",
-            "channel": {"$ref": f"#/channels/{cid}"},
-            "summary": (
-                f"The worker reads {spec.name[len(s.topic_prefix) + 1 :]}."
-                if receive
-                else f"{spec.writer or 'The worker'} publishes "
-                f"{spec.name[len(s.topic_prefix) + 1 :]}."
-            ),
-            "description": (
-                "Records are processed in event-time order per partition; the offsets are "
-                "committed once their effect is stored and their outputs delivered."
-                if receive
-                else DELIVERY
-                if spec.writer is None
-                else WRITER_DELIVERY
-            ),
-            "messages": [{"$ref": f"#/channels/{cid}/messages/{name}"} for name in refs],
-        }
-        if receive:
-            op["bindings"] = {
-                "kafka": {
-                    "groupId": {"type": "string", "enum": [s.app_id]},
-                    "bindingVersion": KAFKA_BINDING,
-                }
+        actions = {Role.INPUT: ("receive",), Role.OUTPUT: ("send",)}.get(
+            spec.role, ("send", "receive")
+        )
+        for action in actions:
+            receive = action == "receive"
+            op: dict[str, Any] = {
+                "action": action,
+                "channel": {"$ref": f"#/channels/{cid}"},
+                "summary": (
+                    f"The worker reads {spec.name[len(s.topic_prefix) + 1 :]}."
+                    if receive
+                    else f"{spec.writer or 'The worker'} publishes "
+                    f"{spec.name[len(s.topic_prefix) + 1 :]}."
+                ),
+                "description": (
+                    "Records are processed in event-time order per partition; the offsets are "
+                    "committed once their effect is stored and their outputs delivered."
+                    if spec.role is Role.INPUT
+                    else INTERNAL
+                    if spec.role is Role.INTERNAL
+                    else DELIVERY
+                    if spec.writer is None
+                    else WRITER_DELIVERY
+                ),
+                "messages": [{"$ref": f"#/channels/{cid}/messages/{name}"} for name in refs],
             }
-        op["x-vigil-delivery"] = "at-least-once, deterministic ids"
-        operations[("receive" if receive else "send") + cid[0].upper() + cid[1:]] = op
+            if receive:
+                op["bindings"] = {
+                    "kafka": {
+                        "groupId": {"type": "string", "enum": [s.app_id]},
+                        "bindingVersion": KAFKA_BINDING,
+                    }
+                }
+            op["x-vigil-delivery"] = "at-least-once, deterministic ids"
+            operations[action + cid[0].upper() + cid[1:]] = op
     return {
         "asyncapi": "3.0.0",
         "id": "urn:vigil:pipeline",

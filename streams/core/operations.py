@@ -418,6 +418,7 @@ def _state(book: OperationBook, operation_id: str, cause: str | None = None) -> 
             "held_by_operation_id": holder[0] if holder else None,
             "held_by_attempt": holder[1].attempt if holder else None,
             "held_by_status": holder[1].status if holder else None,
+            "held_by_execution_id": None,  # another execution's holder: streams.core.cross
             "traceparent": None,  # trace context is the shell's to stamp
         },
     )

@@ -88,9 +88,12 @@ class RecordProducer:
         value: bytes,
         timestamp_ms: int | None,
         headers: list[tuple[str, bytes]] | None,
+        partition: int | None = None,
     ) -> None:
         """An already encoded record; waits for room when librdkafka's queue is full."""
         kwargs: dict[str, Any] = {}
+        if partition is not None:
+            kwargs["partition"] = partition
         if timestamp_ms is not None:
             kwargs["timestamp"] = timestamp_ms
         if headers:
@@ -114,6 +117,7 @@ class RecordProducer:
             value,
             em.timestamp_ms,
             [(k, v.encode()) for k, v in em.headers] or None,
+            em.partition,
         )
         return value
 

@@ -81,6 +81,9 @@ def replication(
 class Role(StrEnum):
     INPUT = "input"
     OUTPUT = "output"
+    #: written and read by the workers themselves: the join of attempts across executions
+    #: (``streams.core.claims``)
+    INTERNAL = "internal"
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +165,8 @@ class Topics:
     anomalies: TopicSpec
     dead_letters: TopicSpec
     reconciliation_checks: TopicSpec
+    idempotency_claims: TopicSpec
+    retry_links: TopicSpec
 
     @classmethod
     def from_settings(cls, s: Settings) -> Topics:
@@ -283,6 +288,30 @@ class Topics:
                 ),
                 writer="vigil reconcile",
             ),
+            idempotency_claims=TopicSpec(
+                f"{p}.idempotency-claims{sfx}",
+                Role.INTERNAL,
+                "connector/idempotency_key, each percent-encoded (progress: none, to every "
+                "partition)",
+                (out.IdempotencyClaim, out.ClaimsProgress),
+                n,
+                "delete",
+                s.retention_ms,
+                "Every status of every attempt that carries an idempotency key, repartitioned "
+                "by connector and key, and each input partition's progress: the join of "
+                "attempts across executions (blind retries).",
+            ),
+            retry_links=TopicSpec(
+                f"{p}.retry-links{sfx}",
+                Role.INTERNAL,
+                "execution_id",
+                (out.RetryLink,),
+                n,
+                "delete",
+                s.retention_ms,
+                "Blind retries across executions found by the claims join, told to each of "
+                "the two executions, and the later statuses of the other attempt.",
+            ),
         )
 
     def all(self) -> tuple[TopicSpec, ...]:
@@ -293,6 +322,9 @@ class Topics:
 
     def outputs(self) -> tuple[TopicSpec, ...]:
         return tuple(t for t in self.all() if t.role is Role.OUTPUT)
+
+    def internal(self) -> tuple[TopicSpec, ...]:
+        return tuple(t for t in self.all() if t.role is Role.INTERNAL)
 
     def subjects(self) -> tuple[tuple[str, type[Record]], ...]:
         """Every registry subject of the catalogue, with its record type."""

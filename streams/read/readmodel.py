@@ -7,9 +7,11 @@ tests agree on one shape.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from streams.core import approvals as ap
+from streams.core import cross
 from streams.core import executions as ex
 from streams.core import operations as ops
 
@@ -49,12 +51,16 @@ def execution_view(
     operations: Any,
     approvals: Any,
     thresholds_for: Callable[[ap.ApprovalFacts], ap.ThresholdSet],
+    links: Any = None,
 ) -> dict[str, Any] | None:
-    """None when vigil knows nothing of the execution."""
+    """None when vigil knows nothing of the execution. ``links``: what the claims join told
+    it of other executions' attempts (``streams.core.cross``), in its operations' verdicts as
+    in the published states."""
     slot = ex.load_slot(inflight) if inflight is not None else None
     if slot is None and closed is not None:
         slot = ex.load_slot(closed)
     book = ops.load_book(operations) if operations else None
+    other = cross.load_links(links) if links else None
     abook = ap.ApprovalBook.model_validate_json(approvals) if approvals else None
     if slot is None and book is None and abook is None:
         return None
@@ -78,7 +84,7 @@ def execution_view(
         }
     view["operations"] = [
         s.model_dump(mode="json", exclude={"state_id", "execution_id"})
-        for s in ops.current_states(book)
+        for s in map(partial(cross.overlay, links=other), ops.current_states(book))
     ]
     view["approvals"] = (
         [

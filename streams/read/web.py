@@ -143,6 +143,7 @@ def register_web(
             processor.operations.get(execution_id),
             processor.approvals.get(execution_id),
             processor.thresholds_for,
+            processor.links.get(execution_id),
         )
 
     @app.page("/v1/executions/{execution_id}")

@@ -60,6 +60,7 @@ class OperationState(Record):
     held_by_operation_id: str | None = None
     held_by_attempt: int | None = None
     held_by_status: OperationStatus | None = None
+    held_by_execution_id: str | None = None
     traceparent: str | None = None
 
 
@@ -247,3 +248,55 @@ OUTPUT_MODELS: tuple[type[Record], ...] = (
 
 #: records written by a vigil service other than the worker (``vigil reconcile``)
 SERVICE_MODELS: tuple[type[Record], ...] = (ReconciliationCheck,)
+
+
+class IdempotencyClaim(Record):
+    """One status of one attempt carrying an idempotency key (``streams.core.claims``),
+    keyed by ``claims_key(connector, idempotency_key)``."""
+
+    avro_name = "IdempotencyClaim"
+    key_field = None  # the emitter keys it by connector and key
+    claim_id: str
+    connector: str
+    idempotency_key: str
+    execution_id: str
+    operation_id: str
+    attempt: int
+    status: OperationStatus
+    occurred_at: Millis
+
+
+class ClaimsProgress(Record):
+    """Every claim of ``source_partition`` stamped before ``occurred_at`` is written; sent to
+    every claims partition."""
+
+    avro_name = "ClaimsProgress"
+    key_field = None
+    source_partition: int
+    partitions: int
+    occurred_at: Millis
+
+
+class RetryLink(Record):
+    """A blind retry across executions, told to one of its two executions
+    (``streams.core.claims.Link``)."""
+
+    avro_name = "RetryLink"
+    link_id: str
+    conflict_id: str
+    kind: str
+    role: str
+    execution_id: str
+    operation_id: str
+    attempt: int
+    other_execution_id: str
+    other_operation_id: str
+    other_attempt: int
+    other_status: OperationStatus
+    connector: str
+    idempotency_key: str
+    occurred_at: Millis
+
+
+#: The records the workers write and read themselves (``Role.INTERNAL`` topics).
+INTERNAL_MODELS: tuple[type[Record], ...] = (IdempotencyClaim, ClaimsProgress, RetryLink)

@@ -1,0 +1,272 @@
+"""The join of attempts across executions by (connector, idempotency key): which sends are
+blind retries of another execution's attempt (docs/rules.md#blind-retries-across-executions),
+and that the answer does not depend on the order in which the claims partitions deliver the
+claims, within the grace (hypothesis)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streams.contracts.models.enums import OperationStatus as S
+from streams.core import claims as cl
+
+T0 = 1_785_000_000_000
+KEY = ("pay-gw", "order-42")
+
+
+def claim(execution: str, status: S, at: int, op: str = "charge-1", attempt: int = 1) -> cl.Claim:
+    return cl.Claim(*KEY, execution, op, attempt, status, at)
+
+
+def feed(claims: list[cl.Claim], end: int | None = None) -> tuple[cl.KeyBook, list[cl.Finding]]:
+    """All claims into one book, then the watermark past ``end`` (default: past them all)."""
+    book: cl.KeyBook | None = None
+    found: list[cl.Finding] = []
+    for c in claims:
+        book, f = cl.add_claim(book, c, None)
+        found += f
+    assert book is not None
+    book, links = cl.decide(book, (end if end is not None else max(c.at for c in claims)) + 1)
+    return book, found + links
+
+
+def conflicts(found: list[cl.Finding]) -> list[cl.Link]:
+    return [f for f in found if isinstance(f, cl.Link) and f.kind == cl.CONFLICT]
+
+
+def test_a_send_behind_another_executions_unknown_attempt_is_a_blind_retry() -> None:
+    book, found = feed(
+        [
+            claim("exec-a", S.SENT, T0),
+            claim("exec-a", S.UNKNOWN, T0 + 30_000),
+            claim("exec-b", S.SENT, T0 + 60_000),
+        ]
+    )
+    retry, held = conflicts(found)
+    assert retry.role == cl.RETRY and retry.receiver == ("exec-b", "charge-1", 1)
+    assert retry.other == ("exec-a", "charge-1", 1) and retry.other_status is S.UNKNOWN
+    assert held.role == cl.HELD and held.receiver == ("exec-a", "charge-1", 1)
+    assert held.other == ("exec-b", "charge-1", 1) and held.other_status is S.SENT
+    assert retry.at == held.at == T0 + 60_000
+    assert retry.conflict_id == held.conflict_id and retry.link_id != held.link_id
+    assert len(book.pairs) == 1
+
+
+def test_a_send_while_the_other_is_still_sent_is_a_blind_retry_too() -> None:
+    _, found = feed([claim("exec-a", S.SENT, T0), claim("exec-b", S.SENT, T0 + 5_000)])
+    assert [link.other_status for link in conflicts(found)] == [S.SENT, S.SENT]
+
+
+def test_after_a_failed_attempt_a_new_send_is_legitimate() -> None:
+    _, found = feed(
+        [
+            claim("exec-a", S.SENT, T0),
+            claim("exec-a", S.FAILED, T0 + 10_000),
+            claim("exec-b", S.SENT, T0 + 60_000),
+        ]
+    )
+    assert found == []
+
+
+def test_a_settlement_at_the_very_instant_of_the_send_does_not_excuse_it() -> None:
+    _, found = feed(
+        [
+            claim("exec-a", S.SENT, T0),
+            claim("exec-a", S.FAILED, T0 + 60_000),
+            claim("exec-b", S.SENT, T0 + 60_000),
+        ]
+    )
+    assert next(link.other_status for link in conflicts(found)) is S.SENT
+    # ...and the FAILED that came at that instant is forwarded to B at once
+    updates = [f for f in found if isinstance(f, cl.Link) and f.kind == cl.UPDATE]
+    assert [(u.receiver[0], u.other_status) for u in updates] == [("exec-b", S.FAILED)]
+
+
+def test_a_send_after_a_verified_effect_duplicates_it() -> None:
+    _, found = feed(
+        [
+            claim("exec-a", S.SENT, T0),
+            claim("exec-a", S.VERIFIED, T0 + 1_000),
+            claim("exec-b", S.SENT, T0 + 60_000),
+        ]
+    )
+    assert conflicts(found)[0].other_status is S.VERIFIED
+
+
+def test_attempts_of_one_execution_are_left_to_its_operation_book() -> None:
+    _, found = feed([claim("exec-a", S.SENT, T0), claim("exec-a", S.SENT, T0 + 1, op="charge-2")])
+    assert found == []
+
+
+def test_only_a_prepared_attempt_holds_nothing_back() -> None:
+    _, found = feed([claim("exec-a", S.PREPARED, T0), claim("exec-b", S.SENT, T0 + 1)])
+    assert found == []
+
+
+def test_later_transitions_are_forwarded_to_the_other_execution() -> None:
+    _, found = feed(
+        [
+            claim("exec-a", S.SENT, T0),
+            claim("exec-a", S.UNKNOWN, T0 + 30_000),
+            claim("exec-b", S.SENT, T0 + 60_000),
+            claim("exec-a", S.FAILED, T0 + 90_000),
+            claim("exec-b", S.ACKNOWLEDGED, T0 + 95_000),
+        ]
+    )
+    updates = [(f.receiver[0], f.other_status, f.at) for f in found if f.kind == cl.UPDATE]
+    assert updates == [
+        ("exec-b", S.FAILED, T0 + 90_000),
+        ("exec-a", S.ACKNOWLEDGED, T0 + 95_000),
+    ]
+
+
+def test_a_send_waits_for_the_watermark_and_a_repeated_claim_changes_nothing() -> None:
+    marks = cl.Watermarks(2)
+    books: dict[str, cl.KeyBook] = {}
+    key = cl.claims_key(*KEY)
+    found: list[cl.Finding] = []
+    for c in [claim("exec-a", S.SENT, T0), claim("exec-a", S.UNKNOWN, T0 + 30_000)]:
+        marks, books[key], f = cl.receive_claim(marks, books.get(key), c)
+        found += f
+    marks, books[key], f = cl.receive_claim(marks, books[key], claim("exec-b", S.SENT, T0 + 60_000))
+    assert found + f == [] and key in marks.pending
+    again = cl.receive_claim(marks, books[key], claim("exec-b", S.SENT, T0 + 60_000))
+    assert again[1] == books[key] and again[2] == []
+    marks, changed, links = cl.receive_progress(marks, 0, T0 + 70_000, books.__getitem__)
+    assert links == [] and marks.watermark is None  # partition 1 has said nothing yet
+    marks, changed, links = cl.receive_progress(marks, 1, T0 + 60_000, books.__getitem__)
+    assert links == []  # the send at T0+60s is not strictly before the watermark
+    marks, changed, links = cl.receive_progress(marks, 1, T0 + 60_001, books.__getitem__)
+    assert len(links) == 2 and key in changed and key not in marks.pending
+    assert cl.receive_progress(marks, 1, T0 + 60_000, books.__getitem__)[2] == []
+
+
+def test_a_claim_behind_the_watermark_and_grace_is_late_and_decided_at_once() -> None:
+    book, _ = cl.add_claim(None, claim("exec-a", S.SENT, T0), None)
+    book, _ = cl.add_claim(book, claim("exec-a", S.UNKNOWN, T0 + 30_000), None)
+    book, found = cl.add_claim(book, claim("exec-b", S.SENT, T0 + 60_000), T0 + 70_000, 5_000)
+    assert isinstance(found[0], cl.Late) and len(conflicts(found)) == 2
+    _, found2 = cl.add_claim(None, claim("exec-a", S.SENT, T0), T0 + 4_000, 5_000)
+    assert found2 == []  # within the grace: not late
+
+
+def test_books_and_watermarks_survive_storage() -> None:
+    book, _ = feed(
+        [
+            claim("exec-a", S.SENT, T0),
+            claim("exec-a", S.UNKNOWN, T0 + 30_000),
+            claim("exec-b", S.SENT, T0 + 60_000),
+        ]
+    )
+    assert cl.load_book(cl.dump_book(book)) == book
+    marks = cl.Watermarks(3, {0: T0, 2: T0 + 5}, frozenset({"k/v"}))
+    assert cl.load_watermarks(cl.dump_watermarks(marks)) == marks
+
+
+# -- order independence ------------------------------------------------------------------
+_AFTER_SEND = [S.UNKNOWN, S.ACKNOWLEDGED, S.FAILED, S.VERIFIED, S.RECONCILING, S.CANCELLED]
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> list[tuple[int, list[cl.Claim]]]:
+    """2 to 4 executions, each in one of two input partitions, each with one or two attempts
+    under the same key: a send and up to three later statuses, at times that may coincide."""
+    out: list[tuple[int, list[cl.Claim]]] = []
+    for e in range(draw(st.integers(2, 4))):
+        execution = f"exec-{e}"
+        source = draw(st.integers(0, 1))
+        mine: list[cl.Claim] = []
+        for a in range(1, draw(st.integers(1, 2)) + 1):
+            t = T0 + draw(st.integers(0, 20)) * 1000
+            mine.append(claim(execution, S.SENT, t, attempt=a))
+            for status in draw(st.lists(st.sampled_from(_AFTER_SEND), max_size=3, unique=True)):
+                t += draw(st.integers(0, 10)) * 1000
+                mine.append(claim(execution, status, t, attempt=a))
+        mine.sort(key=lambda c: c.at)  # a source publishes in event-time order
+        out.append((source, mine))
+    return out
+
+
+def _by_source(histories: list[tuple[int, list[cl.Claim]]]) -> dict[int, list[cl.Claim]]:
+    sources: dict[int, list[cl.Claim]] = {0: [], 1: []}
+    for source, mine in histories:
+        sources[source].extend(mine)
+    for stream in sources.values():
+        stream.sort(key=lambda c: c.at)
+    return sources
+
+
+def _stream(sources: dict[int, list[cl.Claim]]) -> dict[int, list[object]]:
+    """Each input partition's records on the claims partition: its claims in time order, each
+    time followed by its progress (every claim before it is written)."""
+    out: dict[int, list[object]] = {}
+    for source, claims_ in sources.items():
+        records: list[object] = []
+        for i, c in enumerate(claims_):
+            records.append(c)
+            nxt = claims_[i + 1].at if i + 1 < len(claims_) else c.at + 1
+            records.append(("progress", source, nxt))
+        records.append(("progress", source, T0 + 10**9))
+        out[source] = records
+    return out
+
+
+def _run(records: list[object], grace: int = 0) -> set[cl.Link]:
+    marks = cl.Watermarks(2)
+    books: dict[str, cl.KeyBook] = {}
+    found: set[cl.Link] = set()
+    for r in records:
+        if isinstance(r, cl.Claim):
+            key = cl.claims_key(r.connector, r.key)
+            marks, books[key], f = cl.receive_claim(marks, books.get(key), r, grace)
+            assert not [x for x in f if isinstance(x, cl.Late)]
+            found |= {x for x in f if isinstance(x, cl.Link)}
+        else:
+            _, source, w = r  # type: ignore[misc]
+            marks, changed, links = cl.receive_progress(marks, source, w, books.__getitem__, grace)
+            books.update(changed)
+            found |= set(links)
+    return found
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), st.randoms(use_true_random=False))
+def test_findings_do_not_depend_on_how_the_partitions_interleave(
+    history: list[tuple[int, list[cl.Claim]]], rnd: object
+) -> None:
+    """Two input partitions write their claims and progress to one claims partition; any
+    interleaving of the two gives the same links as having every claim at once."""
+    streams = _stream(_by_source(history))
+    merged: list[object] = []
+    queues = {s: list(r) for s, r in streams.items()}
+    while any(queues.values()):
+        s = rnd.choice([k for k, q in queues.items() if q])  # type: ignore[attr-defined]
+        merged.append(queues[s].pop(0))
+    everything = [c for _, mine in history for c in mine]
+    _, reference = feed(everything, T0 + 10**9)
+    assert _run(merged) == {f for f in reference if isinstance(f, cl.Link)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(histories(), st.randoms(use_true_random=False), st.integers(0, 5))
+def test_within_the_grace_claims_may_come_in_any_order(
+    history: list[tuple[int, list[cl.Claim]]], rnd: object, lag: int
+) -> None:
+    """Claims of one execution arrive in order, executions in any interleaving, and the
+    sources claim to be complete up to ``grace`` further than they are (a claim up to
+    ``grace`` behind the watermark is still in time): the links are those of every claim at
+    once."""
+    grace = lag * 1000
+    queues = {i: list(mine) for i, (_, mine) in enumerate(history)}
+    records: list[object] = []
+    while any(queues.values()):
+        i = rnd.choice([k for k, q in queues.items() if q])  # type: ignore[attr-defined]
+        records.append(queues[i].pop(0))
+        # truly complete below the earliest claim still to come
+        lowest = min((q[0].at for q in queues.values() if q), default=T0 + 10**9)
+        records += [("progress", 0, lowest + grace), ("progress", 1, lowest + grace)]
+    records += [("progress", 0, T0 + 10**9), ("progress", 1, T0 + 10**9)]
+    everything = [c for _, mine in history for c in mine]
+    _, reference = feed(everything, T0 + 10**9)
+    assert _run(records, grace) == {f for f in reference if isinstance(f, cl.Link)}
