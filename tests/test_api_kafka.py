@@ -218,6 +218,12 @@ def test_status_and_watch_commands(running) -> None:
     res = runner.invoke(cli, ["watch", "exec-invoice-run", "--url", base])
     assert res.exit_code == 0, res.output
     assert "COMPLETED" in res.output and "op-email-1" in res.output
+    # every change is readable: an execution's state that is not its end says its status,
+    # since when, and what is open (no bare record name)
+    lines = res.stdout.strip().splitlines()
+    assert not [line for line in lines if "ExecutionState" in line], lines
+    changes = [line for line in lines if " execution " in line and "COMPLETED" not in line]
+    assert changes and all(" since " in line and "open: " in line for line in changes), lines
 
 
 def test_two_workers_redirect_to_the_owner(cluster, tmp_path: Path) -> None:
