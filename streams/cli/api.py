@@ -89,11 +89,7 @@ def status(
     if json_output:
         print(json.dumps(body, indent=2))
         return
-    state = "in flight" if body.get("in_flight") else "closed"
-    out.print(
-        f"[bold]{body['execution_id']}[/bold]  {body.get('status') or '(no status yet)'}"
-        f"  since {body.get('since') or '-'}  ({state})"
-    )
+    out.print(_headline(body), highlight=False)
     if body["operations"]:
         t = Table(
             "operation",
@@ -131,6 +127,30 @@ def status(
                 a.get("next_step") or "",
             )
         out.print(t)
+
+
+def _headline(body: dict[str, Any]) -> str:
+    """The execution's line: its status (or that none is known yet), since when, and
+    whether it is closed or in flight with what open."""
+    from rich.markup import escape
+
+    if body.get("status") is None and not body.get("status_known", True):
+        status = "status unknown (no status event yet)"
+    else:
+        status = f"{body.get('status') or '-'}  since {body.get('since') or '-'}"
+    if body.get("in_flight"):
+        opened = [
+            f"{len(ids)} open {noun}{'' if len(ids) == 1 else 's'} ({', '.join(ids)})"
+            for ids, noun in (
+                (body.get("open_operation_ids") or [], "operation"),
+                (body.get("open_approval_ids") or [], "approval"),
+            )
+            if ids
+        ]
+        state = "in flight" + (f": {'; '.join(opened)}" if opened else "")
+    else:
+        state = "closed"
+    return f"[bold]{escape(str(body['execution_id']))}[/bold]  {escape(status)}  ({escape(state)})"
 
 
 def watch(
