@@ -70,7 +70,8 @@ def status(
     token: TokenOpt = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
 ) -> None:
-    """Print one execution: status, operations with retry verdicts, approvals with verdicts."""
+    """Print one execution: status (or "status unknown" before any status event), closed or
+    in flight with what is open, operations with retry verdicts, approvals with verdicts."""
     out = Console()
     base = service_url("--url", url)
     execution_id = required_id("execution id", execution_id)
@@ -159,7 +160,8 @@ def watch(
     token: TokenOpt = None,
     retries: Annotated[int, typer.Option(help="Reconnect this many times after a drop.")] = 5,
 ) -> None:
-    """Follow an execution live until it reaches a terminal state.
+    """Follow an execution live until it reaches a terminal state, one line per change (an
+    execution's: its status, since when, and its open operations and approvals).
 
     Reads the worker's Server-Sent Events; after a drop it reconnects with Last-Event-ID, so
     nothing the worker still holds is missed.

@@ -831,8 +831,9 @@ def demo(
     Starts the local broker and registry (unless KAFKA_BOOTSTRAP_SERVERS is set), creates
     topics, runs a worker and the operator console, plays the reference audit, a connector
     timeout reconciled later, a forbidden retry and a normal execution (moved in time to end
-    now), and shows verdicts, work items and alerts as they arrive. Ends by printing the
-    console's address (and a write token for manual review); Ctrl-C stops all it started.
+    now), and shows verdicts, work items and alerts as they arrive. Prints the worker API's
+    address once the worker is ready; ends by printing the console's address (and a write
+    token for manual review) and the worker API's again; Ctrl-C stops all it started.
     With --agent, a LangGraph graph, an OpenAI Agents SDK agent or an MCP client session runs
     instead and vigil judges its waits and tool calls.
     """
