@@ -8,6 +8,8 @@ server starts before partitions are assigned, so this is a liveness signal, not 
 ticks was delivered for a few intervals, so a ticker that runs but cannot write is unhealthy.
 ``vigil alert-bridge`` serves ``/healthz`` on ``VIGIL_ALERT_BRIDGE_PORT`` (6069): 503 while its
 consumer holds no assignment or Alertmanager has accepted no post for 2 minutes.
+``vigil reconcile`` serves ``/healthz`` on ``VIGIL_RECONCILER_PORT`` (6070): 503 while its
+consumer holds no assignment.
 The other commands (``topics create``...) serve nothing: the probe reports them healthy.
 
 Exit 0: healthy, 1: unhealthy (Docker's convention). Standard library only.
@@ -60,6 +62,10 @@ def alert_bridge_url() -> str:
     return health_url("VIGIL_ALERT_BRIDGE_HOST", "VIGIL_ALERT_BRIDGE_PORT", "6069")
 
 
+def reconcile_url() -> str:
+    return health_url("VIGIL_RECONCILER_HOST", "VIGIL_RECONCILER_PORT", "6070")
+
+
 def check(url: str, timeout: float = 3.0) -> tuple[bool, str]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -78,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         what, url = "ticker", ticker_url()
     elif "alert-bridge" in argv:
         what, url = "alert-bridge", alert_bridge_url()
+    elif "reconcile" in argv:
+        what, url = "reconcile", reconcile_url()
     else:
         return 0
     healthy, detail = check(url)

@@ -11,7 +11,11 @@ fi
 STAMP="$ROOT/.venv/.installed-$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha256sum | cut -c1-16)"
 if [ ! -f "$STAMP" ]; then
   "$ROOT/.venv/bin/python" -m pip install --quiet --upgrade pip >/dev/null
-  "$ROOT/.venv/bin/python" -m pip install --quiet -c "$ROOT/constraints.txt" -e "$ROOT[test,openai-agents,langgraph,mcp]"
+  # setuptools ends every editable install of a package_dir mapping (schemas/ is
+  # streams.contracts.schemas) with an information-only "Editable installation." warning
+  # about same-named folders in the working directory; only that one is filtered out.
+  PYTHONWARNINGS="ignore:Editable installation:UserWarning" \
+    "$ROOT/.venv/bin/python" -m pip install --quiet -c "$ROOT/constraints.txt" -e "$ROOT[test,openai-agents,langgraph,mcp]"
   touch "$STAMP"
 fi
 export PATH="$ROOT/.venv/bin:$PATH"

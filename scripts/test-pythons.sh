@@ -35,7 +35,9 @@ run_on() {
   STAMP="$VENV/.installed-$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha256sum | cut -c1-16)"
   if [ ! -f "$STAMP" ]; then
     "$VENV/bin/python" -m pip install --quiet --upgrade pip >/dev/null
-    "$VENV/bin/python" -m pip install --quiet -c "$ROOT/constraints.txt" -e "$ROOT[test,openai-agents,langgraph,mcp]"
+    # the same filter as bootstrap.sh: setuptools' information-only editable notice
+    PYTHONWARNINGS="ignore:Editable installation:UserWarning" \
+      "$VENV/bin/python" -m pip install --quiet -c "$ROOT/constraints.txt" -e "$ROOT[test,openai-agents,langgraph,mcp]"
     touch "$STAMP"
   fi
   echo "== pure tests on $("$VENV/bin/python" -V)"

@@ -19,7 +19,13 @@ def create_app(settings: Settings, codec: AvroCodec | None = None) -> faust.App:
     at-least-once (Faust flushes the producer before committing offsets) with deterministic
     output ids; Faust's ``exactly_once`` has open bugs (topology.md, Delivery guarantee). One
     agent, concurrency 1: with more, Faust may commit past a record still being processed.
+
+    The topics Faust creates (the tables' changelogs, its leader topic) are replicated as
+    vigil's own (``with_replication``: decided from the cluster's brokers unless set).
     """
+    from streams.kafka.admin import with_replication
+
+    settings = with_replication(settings)
     app = faust.App(
         settings.app_id,
         broker=f"kafka://{settings.bootstrap_servers}",

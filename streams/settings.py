@@ -168,7 +168,8 @@ class _Environment(BaseSettings):
     topic_prefix: str = _var("VIGIL_TOPIC_PREFIX", "vigil")
     output_suffix: str = _var("VIGIL_OUTPUT_SUFFIX", "")
     partitions: Count = _var("VIGIL_PARTITIONS", 6)
-    replication_factor: Count = _var("VIGIL_REPLICATION_FACTOR", 1)
+    replication_factor: Count | None = _var("VIGIL_REPLICATION_FACTOR")
+    min_insync_replicas: Count | None = _var("VIGIL_MIN_INSYNC_REPLICAS")
     app_id: str = _var("VIGIL_APP_ID", "vigil")
     store: str = _var("VIGIL_STORE", "memory://")
     data_dir: str = _var("VIGIL_DATA_DIR", "vigil-data")
@@ -282,8 +283,13 @@ class Settings:
     output_suffix: str = ""
     #: VIGIL_PARTITIONS — partitions of every input and output topic (co-partitioned).
     partitions: int = 6
-    #: VIGIL_REPLICATION_FACTOR
-    replication_factor: int = 1
+    #: VIGIL_REPLICATION_FACTOR, VIGIL_MIN_INSYNC_REPLICAS — replicas of every topic vigil
+    #: creates (its own and its tables' changelogs) and their ``min.insync.replicas``. Unset
+    #: (None): decided from the brokers the cluster reports when the topics are created
+    #: (``streams.kafka.topics.replication``): three replicas, two in sync, on three brokers
+    #: or more; one replica per broker, one in sync, on fewer.
+    replication_factor: int | None = None
+    min_insync_replicas: int | None = None
     #: VIGIL_APP_ID — Faust application id (consumer group, changelog topic prefix).
     app_id: str = "vigil"
     #: VIGIL_STORE — Faust table store: memory:// or rocksdb://
@@ -429,6 +435,12 @@ class Settings:
         problem = self.security_problem()
         if problem is not None:
             raise SettingsError(problem)
+        factor, in_sync = self.replication_factor, self.min_insync_replicas
+        if factor is not None and in_sync is not None and in_sync > factor:
+            raise SettingsError(
+                f"VIGIL_MIN_INSYNC_REPLICAS={in_sync} is more than VIGIL_REPLICATION_FACTOR="
+                f"{factor}: no write could ever be acknowledged"
+            )
 
     def security_problem(self) -> str | None:
         """What makes the TLS and SASL settings unusable together, naming the variables."""

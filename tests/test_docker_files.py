@@ -34,7 +34,15 @@ COMPOSE_FILE = DOCKER / "compose.yaml"
 DOCKERFILE = DOCKER / "Dockerfile"
 IGNORE_FILE = DOCKER / "Dockerfile.dockerignore"
 
-VIGIL_SERVICES = ("topics", "worker-1", "worker-2", "ticker", "console", "alert-bridge")
+VIGIL_SERVICES = (
+    "topics",
+    "worker-1",
+    "worker-2",
+    "ticker",
+    "console",
+    "alert-bridge",
+    "reconcile",
+)
 WORKERS = ("worker-1", "worker-2")
 MONITORING = ("prometheus", "alertmanager", "grafana")
 # Settings the shell must not leak into the resolved compose file under test.
@@ -126,6 +134,7 @@ def test_compose_vigil_services_run_the_image(services: dict[str, dict[str, Any]
         "ticker": ["ticker"],
         "console": ["console"],
         "alert-bridge": ["alert-bridge"],
+        "reconcile": ["reconcile"],
     }
     for name in VIGIL_SERVICES:
         build = services[name]["build"]
@@ -529,6 +538,56 @@ def test_healthcheck_probes_the_alert_bridge(
         argv = ["/sbin/docker-init", "--", "vigil", "alert-bridge"]
         assert healthcheck.main(argv) == 1
         status.assignment(2)
+        assert healthcheck.main(argv) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@needs_compose
+def test_compose_reconcile(services: dict[str, dict[str, Any]]) -> None:
+    svc = services["reconcile"]
+    conditions = {k: v["condition"] for k, v in svc["depends_on"].items()}
+    assert conditions == {"topics": "service_completed_successfully"}
+    env = svc["environment"]
+    assert env["VIGIL_RECONCILER_PORT"] == "6070" and env["VIGIL_RECONCILER_HOST"] == "0.0.0.0"
+    (volume,) = svc["volumes"]
+    assert volume["target"] == env["VIGIL_RECONCILERS_FILE"] == "/etc/vigil/reconcilers.toml"
+    assert Path(volume["source"]) == DOCKER / "reconcilers.toml"
+    assert svc["healthcheck"]["test"] == ["CMD", "python", "/opt/vigil/healthcheck.py"]
+    assert not svc.get("ports")
+
+
+def test_example_reconcilers_file_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As shipped no connector is configured; its commented example, uncommented, loads."""
+    from streams.reconcilers import load, parse
+
+    path = DOCKER / "reconcilers.toml"
+    assert load(path).connectors == {}
+    text = path.read_text()
+    example = text[text.index("# [connectors.") :]
+    example = "\n".join(line.removeprefix("#").removeprefix(" ") for line in example.splitlines())
+    monkeypatch.setenv("PAYMENTS_API_TOKEN", "x")
+    conf = parse(example, str(path))
+    assert set(conf.connectors) == {"payments"}
+    assert conf.connectors["payments"].policy().authoritative
+
+
+def test_healthcheck_probes_the_reconciler(
+    healthcheck: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real reconciler status server: 503 (unhealthy) until its consumer is assigned."""
+    from streams.read.status_http import serve
+    from streams.reconcile import ReconcilerStatus
+
+    status = ReconcilerStatus()
+    server = serve(status.registry, status.healthy, "127.0.0.1", 0)
+    try:
+        monkeypatch.setenv("VIGIL_RECONCILER_HOST", "0.0.0.0")
+        monkeypatch.setenv("VIGIL_RECONCILER_PORT", str(server.server_address[1]))
+        argv = ["/sbin/docker-init", "--", "vigil", "reconcile"]
+        assert healthcheck.main(argv) == 1
+        status.assigned = 2
         assert healthcheck.main(argv) == 0
     finally:
         server.shutdown()

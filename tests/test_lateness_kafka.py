@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from streams.contracts.keys import scoped_key
 from streams.contracts.models.events import ClockTick
 from streams.contracts.models.outputs import ExecutionState, OperationState
 from streams.kafka.clients import consume
@@ -194,7 +195,7 @@ def test_late_records_are_judged_alike_live_apart_and_in_replay(cluster, tmp_pat
         dep.read_until(outputs, lambda rs: stuck(rs, LIVE_SUFFIX) and stuck(rs, APART_SUFFIX))
         time.sleep(1.0)  # the last outputs of the batch that published those
     one, other = normalized(dep, outputs, LIVE_SUFFIX), normalized(dep, outputs, APART_SUFFIX)
-    ops = [json.loads(x) for x in one[("operation-state", "charge-1")]]
+    ops = [json.loads(x) for x in one[("operation-state", scoped_key("ex-ack", "charge-1"))]]
     assert [(o["status"], o["reason"]) for o in ops][-2:] == [
         ("UNKNOWN", "reply_timeout"),
         ("UNKNOWN", "late_acknowledgement_ignored"),
@@ -204,7 +205,7 @@ def test_late_records_are_judged_alike_live_apart_and_in_replay(cluster, tmp_pat
         json.loads(x)["kind"] for (topic, _), xs in one.items() if topic == "anomalies" for x in xs
     ]
     assert anomalies == ["AFTER_TERMINAL"]
-    work = [json.loads(x) for x in one[("reconciliation-work", "charge-1")]]
+    work = [json.loads(x) for x in one[("reconciliation-work", scoped_key("ex-ack", "charge-1"))]]
     assert [(w["kind"], _time(w["created_at"])) for w in work] == [("REPLY_TIMEOUT", at(35))]
     for key in sorted(set(one) | set(other)):
         assert one.get(key) == other.get(key), key

@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -93,6 +94,55 @@ def test_server_properties_are_single_node_and_strict(tmp_path: Path) -> None:
     for key, value in props.items():
         if key.endswith(("replication.factor", "min.isr", "min.insync.replicas")):
             assert value == "1", key
+
+
+def _props(s: Settings, node: str) -> dict[str, str]:
+    return dict(
+        line.split("=", 1)
+        for line in localstack._server_properties(s, node).splitlines()
+        if line and not line.startswith("#")
+    )
+
+
+def test_server_properties_of_a_three_node_cluster(tmp_path: Path) -> None:
+    """Three KRaft nodes, each broker and controller, on ports of their own and data dirs of
+    their own, one quorum of three voters; internal topics replicated 3 with 2 in sync."""
+    s = replace(_settings(tmp_path), brokers=3)
+    nodes = s.kafka_nodes()
+    assert nodes == ("kafka", "kafka-2", "kafka-3")
+    props = [_props(s, node) for node in nodes]
+    voters = {p["controller.quorum.voters"] for p in props}
+    assert voters == {
+        ",".join(f"{i}@127.0.0.1:{s.controller_port + 2 * (i - 1)}" for i in (1, 2, 3))
+    }
+    assert [p["node.id"] for p in props] == ["1", "2", "3"]
+    ports = [s.kafka_port + 2 * i for i in range(3)]
+    assert [p["advertised.listeners"] for p in props] == [
+        f"PLAINTEXT://127.0.0.1:{port}" for port in ports
+    ]
+    assert len({p["log.dirs"] for p in props}) == 3
+    for p in props:
+        assert p["default.replication.factor"] == p["offsets.topic.replication.factor"] == "3"
+        assert p["min.insync.replicas"] == p["transaction.state.log.min.isr"] == "2"
+        assert p["unclean.leader.election.enable"] == "false"
+    assert s.cluster.bootstrap_servers == ",".join(f"127.0.0.1:{port}" for port in ports)
+
+
+def test_a_state_dir_keeps_the_size_of_its_cluster(tmp_path: Path) -> None:
+    """A fresh state dir takes the size asked for (one if none); a formatted one keeps its
+    own, and asking for another is refused before anything starts."""
+    s = _settings(tmp_path)
+    assert s.brokers_of() == 1 and replace(s, brokers=3).brokers_of() == 3
+    (s.data_dir / "kafka").mkdir(parents=True)
+    (s.data_dir / "kafka" / "meta.properties").write_text("cluster.id=x\n")
+    assert replace(s, brokers=3).brokers_of() == 1  # formatted before the size was recorded
+    with pytest.raises(localstack.LocalStackError, match="--reset --brokers 3"):
+        localstack.up(settings=replace(s, brokers=3))
+    s.brokers_file.write_text("3\n")
+    assert s.brokers_of() == 3 and s.kafka_nodes()[-1] == "kafka-3"
+    with pytest.raises(localstack.LocalStackError, match="must be one of"):
+        localstack.up(settings=replace(s, brokers=2))
+    assert localstack.status(s).keys() == {"kafka", "kafka-2", "kafka-3", "registry"}
 
 
 def test_cluster_ids_never_start_with_a_dash() -> None:

@@ -3,9 +3,9 @@
 - docker/prometheus/prometheus.yml and rules.yml pass ``promtool check config`` / ``check
   rules``, and every alert rule has a ``promtool test rules`` unit test (tests/*.yml), run
   here (Debian's ``prometheus`` package has promtool; scripts/test.sh installs it).
-- Every metric a rule or a dashboard query names is one a worker, the ticker or the alert
-  bridge exports, as their metric registries say (built here as they build them), or one
-  Prometheus makes itself (``up``, ``ALERTS``).
+- Every metric a rule or a dashboard query names is one a worker, the ticker, the alert
+  bridge or the reconciler exports, as their metric registries say (built here as they build
+  them), or one Prometheus makes itself (``up``, ``ALERTS``).
 - The Grafana provisioning points at the dashboards directory and the Prometheus datasource
   the dashboards use.
 """
@@ -49,9 +49,9 @@ def promtool(*args: str) -> str:
 
 
 def exported_names() -> set[str]:
-    """Every series name the worker's, the ticker's and the alert bridge's ``/metrics`` can
-    show, from their registries: counters as ``_total`` (and ``_created``), histograms as
-    ``_bucket``, ``_count`` and ``_sum``."""
+    """Every series name the worker's, the ticker's, the alert bridge's and the reconciler's
+    ``/metrics`` can show, from their registries: counters as ``_total`` (and ``_created``),
+    histograms as ``_bucket``, ``_count`` and ``_sum``."""
     from streams.alert_bridge import BridgeStatus
     from streams.kafka.offsets import OffsetGuard
     from streams.kafka.topics import Topics
@@ -59,6 +59,7 @@ def exported_names() -> set[str]:
     from streams.read.approval_index import ApprovalIndex
     from streams.read.metrics import Metrics
     from streams.read.web import _IndexCollector
+    from streams.reconcile import ReconcilerStatus
     from streams.settings import Settings
     from streams.ticker import TickerStatus
 
@@ -66,7 +67,13 @@ def exported_names() -> set[str]:
     worker = Metrics(processor, dict, OffsetGuard())
     worker.registry.register(_IndexCollector(ApprovalIndex(processor.stores.executions, 3)))  # type: ignore[arg-type]
     names: set[str] = set()
-    for registry in (worker.registry, TickerStatus(1.0).registry, BridgeStatus().registry):
+    registries = (
+        worker.registry,
+        TickerStatus(1.0).registry,
+        BridgeStatus().registry,
+        ReconcilerStatus().registry,
+    )
+    for registry in registries:
         for family in registry.collect():
             suffixes = {
                 "counter": ("_total", "_created"),
@@ -214,7 +221,7 @@ def test_every_alert_rule_has_a_unit_test() -> None:
 @needs_promtool
 def test_promtool_checks_config_and_rules() -> None:
     assert "SUCCESS" in promtool("check", "config", "prometheus.yml")
-    assert "9 rules found" in promtool("check", "rules", "rules.yml")
+    assert "10 rules found" in promtool("check", "rules", "rules.yml")
 
 
 @needs_promtool

@@ -55,7 +55,14 @@ def entry_bound(max_entry_bytes: int, record_limit: int) -> int:
     return min(max_entry_bytes, record_limit * 9 // 10)
 
 
-def _table(app: faust.App, name: str, partitions: int, *, packed: bool = False) -> Any:
+def _table(
+    app: faust.App,
+    name: str,
+    partitions: int,
+    *,
+    packed: bool = False,
+    topic_config: dict[str, str] | None = None,
+) -> Any:
     """Keys are JSON strings, which survive changelog recovery as ``str``.
 
     A table's changelog takes the table's own value serializer, chosen from ``value_type``
@@ -63,11 +70,13 @@ def _table(app: faust.App, name: str, partitions: int, *, packed: bool = False) 
     the changelog, recovered as ``str``. The executions table's values are packed entries
     (``streams/compact.py``), bytes: ``value_type=bytes`` makes them raw on the changelog and
     in RocksDB. An entry an earlier version wrote as a JSON string is recovered as the bytes
-    of that string, which ``Entry.decode`` still reads."""
+    of that string, which ``Entry.decode`` still reads. ``topic_config`` goes to the
+    changelog topic when Faust creates it (its ``min.insync.replicas``)."""
     return app.Table(
         name,
         default=None,
         partitions=partitions,
+        extra_topic_configs=topic_config,
         value_type=bytes if packed else None,
         schema=faust.Schema(
             key_type=str, value_type=bytes, key_serializer="json", value_serializer="raw"
@@ -297,8 +306,15 @@ class Worker:
         schema = SafeAvroSchema(codec, {t.name: t.value_types for t in topics.inputs()})
         self.source = app.topic(*(t.name for t in topics.inputs()), schema=schema)
         n = settings.partitions
-        self.executions = DirectTable(_table(app, "executions", n, packed=True))
-        self.clocks = DirectTable(_table(app, "partition-clocks", n))
+        # Changelogs are replicated like the outputs (app.py decided the factor, topic-wide
+        # for Faust; the in-sync minimum is per topic)
+        changelog = {}
+        if settings.min_insync_replicas is not None:
+            changelog["min.insync.replicas"] = str(settings.min_insync_replicas)
+        self.executions = DirectTable(
+            _table(app, "executions", n, packed=True, topic_config=changelog)
+        )
+        self.clocks = DirectTable(_table(app, "partition-clocks", n, topic_config=changelog))
         stores = Stores(executions=self.executions, clocks=self.clocks)
         # The group's committed offsets the broker confirmed (``guard.confirmed``), as of the
         # start of the batch being processed: the processor asks for them for every position

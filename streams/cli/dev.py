@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from typing import Annotated, NoReturn
 
 import typer
@@ -24,8 +25,8 @@ dev_app = typer.Typer(
         "tests, without Docker. The jars are fetched once from Maven Central (needs mvn and "
         "Java 17+) into $VIGIL_CACHE_DIR (default ~/.cache/vigil); data, logs and pid files "
         "live in $VIGIL_DEV_STATE_DIR (default <cache>/dev). Ports: $VIGIL_DEV_KAFKA_PORT "
-        "(default 19092, controller on the next port) and $VIGIL_DEV_REGISTRY_PORT "
-        "(default 18081)."
+        "(default 19092, controller on the next port; with --brokers 3, brokers on 19092, "
+        "19094 and 19096) and $VIGIL_DEV_REGISTRY_PORT (default 18081)."
     ),
     no_args_is_help=True,
 )
@@ -58,14 +59,24 @@ def up(
         float,
         typer.Option(help="Seconds to wait for each service to answer (downloads not counted)."),
     ] = 120.0,
+    brokers: Annotated[
+        int | None,
+        typer.Option(
+            help="Brokers of the cluster: 1, or 3 (or 5) KRaft nodes, each broker and "
+            "controller, in JVMs of 384 MiB; topics then get 3 replicas and "
+            "min.insync.replicas 2. A state dir keeps the size it was made with (changing it "
+            "needs --reset). [default: what the state dir holds, 1 when fresh]"
+        ),
+    ] = None,
 ) -> None:
-    """Start the broker and the registry, or do nothing if they already run and answer.
+    """Start the broker(s) and the registry, or do nothing if they already run and answer.
 
     Prints the environment variables that point vigil (and the tests) at this cluster.
     """
     _show_progress()
     try:
-        cluster = localstack.up(reset=reset, timeout=timeout)
+        settings = replace(localstack.Settings.from_env(), brokers=brokers)
+        cluster = localstack.up(reset=reset, timeout=timeout, settings=settings)
     except localstack.LocalStackError as exc:
         _fail("up", exc)
     console.print(f"export KAFKA_BOOTSTRAP_SERVERS={cluster.bootstrap_servers}", highlight=False)
@@ -99,7 +110,8 @@ def status(
         bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")
     ] = False,
 ) -> None:
-    """Show pid, running, answering and address of each service.
+    """Show pid, running, answering and address of each service (of each broker of a
+    cluster).
 
     Exits 0 when both services answer, 1 otherwise, so scripts can test it.
     """

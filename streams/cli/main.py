@@ -169,6 +169,9 @@ def _mount_optional() -> None:
     from streams.cli.alert_bridge import alert_bridge
 
     app.command("alert-bridge")(alert_bridge)
+    from streams.cli.reconcile import reconcile
+
+    app.command("reconcile")(reconcile)
     from streams.cli.schemas import schemas_app
 
     app.add_typer(schemas_app, name="schemas")

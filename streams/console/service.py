@@ -1,7 +1,7 @@
 """The console's consumer: a thread that applies vigil's output topics to the SQLite view, and
 the context the HTTP handlers answer from (``streams/console/server.py`` runs both).
 
-The consumer does not join a group: it assigns itself every partition of the five topics and
+The consumer does not join a group: it assigns itself every partition of the six topics and
 seeks to the positions stored in the view (the truth: they commit with the rows), so every
 replica reads everything and keeps its own complete view, and any number of consoles can run
 behind a load balancer without a shared database. The group id ``<app_id>-console`` only
@@ -80,6 +80,7 @@ def console_topics(topics: Topics) -> tuple[tuple[str, bool], ...]:
         topics.approval_verdicts,
         topics.reconciliation_work,
         topics.alerts,
+        topics.reconciliation_checks,
     )
     return tuple((s.name, s.cleanup_policy == "compact") for s in specs)
 

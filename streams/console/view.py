@@ -45,6 +45,7 @@ from streams.contracts.models.outputs import (
     ApprovalVerdict,
     ExecutionState,
     OperationState,
+    ReconciliationCheck,
     ReconciliationWorkItem,
     WorkItemResolution,
 )
@@ -52,7 +53,7 @@ from streams.core.approvals import CLOSED_VERDICTS
 from streams.core.operations import NEXT_STEP_OVERDUE, NEXT_STEP_UNKNOWN
 
 #: Bumped when the tables change: an older file is dropped and rebuilt from the topics.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Tables kept across a version change: written by the console itself (``review.py``), not
 #: rebuilt from the topics.
 KEPT_TABLES = frozenset({"review_log"})
@@ -89,10 +90,12 @@ CREATE TABLE IF NOT EXISTS work_items (
     execution_id TEXT NOT NULL,
     kind TEXT NOT NULL, connector TEXT NOT NULL, deadline_ms INTEGER NOT NULL,
     created_at_ms INTEGER NOT NULL, open INTEGER NOT NULL, record TEXT NOT NULL,
-    resolution TEXT);
+    resolution TEXT, reconciler TEXT);
 CREATE INDEX IF NOT EXISTS work_items_deadline ON work_items (deadline_ms, row_key);
 CREATE INDEX IF NOT EXISTS work_items_execution ON work_items (execution_id);
 CREATE TABLE IF NOT EXISTS resolutions (row_key TEXT PRIMARY KEY, record TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS reconciler_checks (
+    work_item_id TEXT PRIMARY KEY, updated_ms INTEGER NOT NULL, record TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS alerts (
     alert_id TEXT PRIMARY KEY, kind TEXT NOT NULL, severity TEXT NOT NULL,
     owner TEXT NOT NULL, execution_id TEXT NOT NULL, firing INTEGER NOT NULL,
@@ -538,6 +541,8 @@ class ConsoleView:
     def _apply_one(self, db: sqlite3.Connection, item: Incoming) -> Change | None:
         rec = item.record
         assert rec is not None
+        if isinstance(rec, ReconciliationCheck):
+            return self._apply_check(db, rec)
         if not isinstance(
             rec,
             ExecutionState
@@ -599,11 +604,14 @@ class ConsoleView:
             res = db.execute(
                 "SELECT record FROM resolutions WHERE row_key = ?", (row_key,)
             ).fetchone()
+            checks = db.execute(
+                "SELECT record FROM reconciler_checks WHERE work_item_id = ?", (rec.work_item_id,)
+            ).fetchone()
             db.execute(
-                "INSERT OR REPLACE INTO work_items VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO work_items VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (row_key, rec.work_item_id, rec.operation_id, rec.execution_id, rec.kind.value,
                  rec.connector, _ms(rec.deadline), _ms(rec.created_at), int(res is None), body,
-                 res[0] if res else None),
+                 res[0] if res else None, checks[0] if checks else None),
             )  # fmt: skip
         elif isinstance(rec, WorkItemResolution):
             row_key = scoped_key(rec.execution_id, rec.work_item_id)
@@ -634,6 +642,24 @@ class ConsoleView:
                      closed[0] if closed else None),
                 )  # fmt: skip
         return {"kind": kind, "id": subject, "execution_id": rec.execution_id}
+
+    @staticmethod
+    def _apply_check(db: sqlite3.Connection, rec: ReconciliationCheck) -> Change | None:
+        """The reconciler's progress on a work item (its latest record, by update time; one
+        read before its work item is kept until the item comes), shown with the item."""
+        body = _dump(rec)
+        cur = db.execute(
+            "INSERT INTO reconciler_checks VALUES (?, ?, ?) ON CONFLICT (work_item_id) DO UPDATE"
+            " SET updated_ms=excluded.updated_ms, record=excluded.record"
+            " WHERE excluded.updated_ms >= updated_ms AND excluded.record != record",
+            (rec.work_item_id, _ms(rec.updated_at), body),
+        )
+        if cur.rowcount == 0:
+            return None  # older or the same: applied before
+        db.execute(
+            "UPDATE work_items SET reconciler = ? WHERE work_item_id = ?", (body, rec.work_item_id)
+        )
+        return {"kind": "work_item", "id": rec.work_item_id, "execution_id": rec.execution_id}
 
     def execute_write(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> int:
         """One statement in its own transaction, on the writer's connection (tables of other
@@ -778,6 +804,8 @@ class ConsoleView:
             item["open"] = bool(row["open"])
             item["next_step"] = work_item_next_step(WorkItemKind(item["kind"]))
             item["resolution"] = json.loads(row["resolution"]) if row["resolution"] else None
+            # vigil reconcile's checks of the item, their outcomes and the next one due
+            item["reconciler"] = json.loads(row["reconciler"]) if row["reconciler"] else None
         elif table == "alerts":
             item["firing"] = bool(row["firing"])
             item["resolved_by"] = row["resolved_by"]

@@ -37,6 +37,11 @@ DELIVERY = (
     "records with the same ids, so a consumer deduplicates by id (see topology.md, Delivery "
     "guarantee)."
 )
+WRITER_DELIVERY = (
+    "At-least-once: vigil reconcile writes a work item's progress (idempotent producer, "
+    "acks=all) before it commits the work item, and the latest record per work item id is "
+    "its state (see topology.md, Reconciler)."
+)
 _INT_CONFIGS = frozenset(
     {
         "retention.ms",
@@ -191,13 +196,16 @@ def document(settings: Settings | None = None) -> dict[str, Any]:
             "summary": (
                 f"The worker reads {spec.name[len(s.topic_prefix) + 1 :]}."
                 if receive
-                else f"The worker publishes {spec.name[len(s.topic_prefix) + 1 :]}."
+                else f"{spec.writer or 'The worker'} publishes "
+                f"{spec.name[len(s.topic_prefix) + 1 :]}."
             ),
             "description": (
                 "Records are processed in event-time order per partition; the offsets are "
                 "committed once their effect is stored and their outputs delivered."
                 if receive
                 else DELIVERY
+                if spec.writer is None
+                else WRITER_DELIVERY
             ),
             "messages": [{"$ref": f"#/channels/{cid}/messages/{name}"} for name in refs],
         }

@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from streams.contracts.avro_writer import UnsupportedSchema, Writer, compile_writer
 from streams.contracts.models.base import Record
 from streams.contracts.models.events import INPUT_MODELS
-from streams.contracts.models.outputs import OUTPUT_MODELS
+from streams.contracts.models.outputs import OUTPUT_MODELS, SERVICE_MODELS
 from streams.kafka.topics import subject_name
 from streams.settings import RegistryConfig
 
@@ -64,7 +64,7 @@ def _http_errors() -> tuple[type[BaseException], ...]:
 HTTP_ERRORS = _http_errors()
 
 MAGIC_BYTE = 0
-ALL_MODELS: tuple[type[Record], ...] = INPUT_MODELS + OUTPUT_MODELS
+ALL_MODELS: tuple[type[Record], ...] = INPUT_MODELS + OUTPUT_MODELS + SERVICE_MODELS
 MODELS_BY_FULLNAME: dict[str, type[Record]] = {m.avro_fullname(): m for m in ALL_MODELS}
 
 

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.contracts.codec import HTTP_ERRORS, AvroCodec, RegistryUnavailable
 from streams.contracts.registry import SubjectOutcome, register_schemas
-from streams.kafka.topics import Topics, TopicSpec
+from streams.kafka.topics import Replication, Topics, TopicSpec, replication
 from streams.settings import Settings
+
+log = logging.getLogger("vigil.admin")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,14 +29,58 @@ def admin_client(settings: Settings) -> AdminClient:
     return AdminClient(settings.confluent_conf())
 
 
+def cluster_replication(settings: Settings, metadata: Any) -> Replication:
+    """The replication of new topics on the cluster whose ``metadata`` (a ``list_topics``
+    answer) is given: decided from the brokers it reports, the settings overriding."""
+    return replication(
+        len(metadata.brokers), settings.replication_factor, settings.min_insync_replicas
+    )
+
+
+def with_replication(
+    settings: Settings, timeout: float = 10.0, patience: float | None = None
+) -> Settings:
+    """``settings`` with the replication the cluster calls for made explicit, for a process
+    that creates topics of its own (the worker: Faust's changelogs and leader topic). Set,
+    both settings are kept as they are and the cluster is not asked. While the cluster does
+    not answer, asked again every ``timeout`` seconds, for ``patience`` seconds at most
+    (None: until it answers, as the worker waits for its broker)."""
+    if settings.replication_factor is not None and settings.min_insync_replicas is not None:
+        return settings
+    admin = admin_client(settings)
+    began = time.monotonic()
+    while True:
+        try:
+            metadata = admin.list_topics(timeout=timeout)
+            break
+        except KafkaException as exc:
+            if patience is not None and time.monotonic() - began >= patience:
+                raise
+            log.warning("waiting for the cluster to decide the replication: %s", exc)
+    chosen = cluster_replication(settings, metadata)
+    log.info(
+        "replication of created topics: %d replicas, min.insync.replicas %d (%d brokers)",
+        chosen.factor,
+        chosen.min_insync,
+        len(metadata.brokers),
+    )
+    return replace(
+        settings, replication_factor=chosen.factor, min_insync_replicas=chosen.min_insync
+    )
+
+
 def create_topics(
     settings: Settings, specs: tuple[TopicSpec, ...] | None = None, timeout: float = 30.0
 ) -> list[TopicOutcome]:
-    """Create every catalogue topic that does not exist yet. An existing topic with another
-    partition count is reported, not altered: repartitioning breaks co-partitioning."""
+    """Create every catalogue topic that does not exist yet, replicated as
+    ``cluster_replication`` decides. An existing topic with another partition count is
+    reported, not altered: repartitioning breaks co-partitioning; one with fewer replicas is
+    reported too (``kafka-reassign-partitions`` adds replicas without touching the data)."""
     specs = specs if specs is not None else Topics.from_settings(settings).all()
     admin = admin_client(settings)
-    existing = admin.list_topics(timeout=timeout).topics
+    metadata = admin.list_topics(timeout=timeout)
+    existing = metadata.topics
+    chosen = cluster_replication(settings, metadata)
     outcomes: list[TopicOutcome] = []
     todo: list[TopicSpec] = []
     for spec in specs:
@@ -40,7 +89,11 @@ def create_topics(
             todo.append(spec)
             continue
         n = len(meta.partitions)
-        detail = "exists" if n == spec.partitions else f"exists with {n} partitions (!)"
+        notes = [] if n == spec.partitions else [f"{n} partitions"]
+        replicas = min((len(p.replicas) for p in meta.partitions.values()), default=0)
+        if replicas < chosen.factor:
+            notes.append(f"{replicas} replicas")
+        detail = f"exists with {' and '.join(notes)} (!)" if notes else "exists"
         outcomes.append(TopicOutcome(spec.name, False, detail))
     if todo:
         futures = admin.create_topics(
@@ -48,8 +101,8 @@ def create_topics(
                 NewTopic(
                     s.name,
                     num_partitions=s.partitions,
-                    replication_factor=settings.replication_factor,
-                    config=s.config(),
+                    replication_factor=chosen.factor,
+                    config=s.config() | chosen.config(),
                 )
                 for s in todo
             ],

@@ -9,7 +9,7 @@ worker task sees every fact of an execution, and the tables used together share 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from functools import cache
 
@@ -19,6 +19,63 @@ from streams.contracts.models.base import Record
 from streams.settings import Settings
 
 DAY_MS = 24 * 3600 * 1000
+
+#: replicas of a topic when the cluster has this many brokers or more and no setting says
+#: otherwise: one broker may be lost, or restarted, while the others still hold two copies
+DEFAULT_REPLICAS = 3
+#: in-sync replicas an ``acks=all`` write needs on a topic of ``DEFAULT_REPLICAS`` or more:
+#: a write acknowledged is on two brokers, and one broker down does not stop writes
+DEFAULT_MIN_INSYNC = 2
+
+
+class ReplicationError(ValueError):
+    """The replication settings ask for more than the cluster can hold."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replication:
+    """How the topics vigil creates are replicated: ``factor`` copies of every partition, and
+    ``min_insync`` of them must have a record before an ``acks=all`` write is acknowledged
+    (the topic's ``min.insync.replicas``)."""
+
+    factor: int
+    min_insync: int
+
+    def config(self) -> dict[str, str]:
+        """The topic configuration that carries it (the factor is the topic's creation)."""
+        return {"min.insync.replicas": str(self.min_insync)}
+
+
+def replication(
+    brokers: int, factor: int | None = None, min_insync: int | None = None
+) -> Replication:
+    """The replication of new topics on a cluster of ``brokers``, ``factor`` and
+    ``min_insync`` (``VIGIL_REPLICATION_FACTOR``, ``VIGIL_MIN_INSYNC_REPLICAS``) overriding.
+
+    Unset, the factor is ``DEFAULT_REPLICAS``, or one copy per broker on a smaller cluster;
+    ``min_insync`` is ``DEFAULT_MIN_INSYNC`` when the factor is at least three, else 1: with
+    two replicas, two in sync would stop every write while either broker is away, and with
+    one there is nothing else to wait for. A factor above the brokers is refused here, with
+    the settings named, rather than by the broker's INVALID_REPLICATION_FACTOR.
+    """
+    if brokers < 1:
+        raise ReplicationError("the cluster reports no broker")
+    chosen = factor if factor is not None else min(DEFAULT_REPLICAS, brokers)
+    if chosen > brokers:
+        raise ReplicationError(
+            f"VIGIL_REPLICATION_FACTOR={chosen} but the cluster reports {brokers} "
+            f"broker{'s' if brokers != 1 else ''}"
+        )
+    if min_insync is None:
+        in_sync = DEFAULT_MIN_INSYNC if chosen >= DEFAULT_REPLICAS else 1
+    else:
+        in_sync = min_insync
+    if in_sync > chosen:
+        raise ReplicationError(
+            f"VIGIL_MIN_INSYNC_REPLICAS={in_sync} is more than the {chosen} replicas "
+            "of each partition: no write could ever be acknowledged"
+        )
+    return Replication(chosen, in_sync)
 
 
 class Role(StrEnum):
@@ -39,6 +96,8 @@ class TopicSpec:
     #: inputs: the broker refuses a record timestamp more than this ahead of its own clock
     #: (``message.timestamp.after.max.ms``), the reference of vigil's future-skew check
     future_skew_ms: int | None = None
+    #: who writes an output when it is not the worker (``vigil reconcile``)
+    writer: str | None = None
 
     def config(self) -> dict[str, str]:
         conf = {"cleanup.policy": self.cleanup_policy}
@@ -102,6 +161,7 @@ class Topics:
     alerts: TopicSpec
     anomalies: TopicSpec
     dead_letters: TopicSpec
+    reconciliation_checks: TopicSpec
 
     @classmethod
     def from_settings(cls, s: Settings) -> Topics:
@@ -210,6 +270,18 @@ class Topics:
                 "delete",
                 30,
                 "Undecodable or invalid records with their original bytes.",
+            ),
+            reconciliation_checks=replace(
+                o(
+                    "reconciliation-checks",
+                    "work_item_id (partition: the work item's own)",
+                    (out.ReconciliationCheck,),
+                    "compact",
+                    0,
+                    "vigil reconcile's progress per work item: every check made at the source, "
+                    "its outcome, the next one due.",
+                ),
+                writer="vigil reconcile",
             ),
         )
 

@@ -9,7 +9,9 @@ scenario is moved in time so that it ends now. It also starts ``vigil console`` 
 topics; once the scenario is played and the console has caught up, the demo prints the
 console's address and keeps worker, console and a wall-clock ticker running (time goes on, and
 a review made on the page is applied within a second) until Ctrl-C, which stops everything it
-started (``--no-serve``: stop at once instead).
+started (``--no-serve``: stop at once instead). ``vigil reconcile`` runs too, against a bundled
+payments provider (``streams/local/provider.py``) that holds the refund the scenario leaves
+UNKNOWN: the demo shows it settled VERIFIED by the reconciler, with no person involved.
 
 ``--agent FRAMEWORK`` plays, instead of the scenario, a real agent of that framework (scripted
 and offline, ``streams.local.agents``) recording through its vigil adapter, so the verdicts
@@ -58,6 +60,7 @@ from streams.kafka.admin import create_topics, prepare_registry
 from streams.kafka.clients import RecordProducer, consume
 from streams.kafka.topics import Topics
 from streams.local import stack as localstack
+from streams.local.provider import Provider, reconcilers_toml
 from streams.local.scenario import REFERENCE_AT, Tick, demo_scenario, shifted
 from streams.settings import Settings
 
@@ -217,6 +220,7 @@ def run_demo(
     write_token = secrets.token_urlsafe(16)
     ui_port = _free_port()
     ui = _start_console(settings, workdir, ui_port, write_token)
+    provider, reconciler = _start_reconciler(settings, workdir)
     # the scenario moved so that it ends now: then wall-clock ticks carry its time on
     delta = datetime.now(UTC).replace(microsecond=0) - (REFERENCE_AT + timedelta(seconds=1))
     steps = shifted(demo_scenario(), delta)
@@ -254,6 +258,7 @@ def run_demo(
             producer.flush()
         if agent is None:
             _wait_quiet(seen, console)
+            _wait_reconciled(seen, producer, topics, console)
             _summary(seen, console, REFERENCE_AT + delta)
         url = f"http://127.0.0.1:{ui_port}/"
         caught_up = _wait_console(url, ui, console)
@@ -284,6 +289,8 @@ def run_demo(
     finally:
         stop.set()
         _stop(ui)
+        _stop(reconciler)
+        provider.stop()
         _stop(worker)
         if reader.is_alive():
             reader.join(10)
@@ -409,6 +416,55 @@ def _wait_console(url: str, ui: subprocess.Popen[bytes], console: Console) -> bo
                     return True
             time.sleep(0.5)
     return False
+
+
+#: what the demo's bundled payments provider holds: the refund was made, under its key
+DEMO_PAYMENT = ("idem-op-refund-1", "pay-refund-4711")
+
+
+def _start_reconciler(
+    settings: Settings, workdir: Path
+) -> tuple[Provider, subprocess.Popen[bytes]]:
+    """The bundled payments provider, holding the refund the scenario leaves UNKNOWN, and
+    ``vigil reconcile`` checking the ``payments`` connector against it."""
+    token = secrets.token_urlsafe(12)
+    provider = Provider(token=token).start()
+    provider.pay(*DEMO_PAYMENT)
+    conf = workdir / "reconcilers.toml"
+    conf.write_text(reconcilers_toml(provider.url, "payments"))
+    env = _child_env(settings, VIGIL_RECONCILERS_FILE=str(conf), VIGIL_DEMO_PROVIDER_TOKEN=token)
+    proc = _spawn(["reconcile", "--health-port", "0"], env, workdir / "reconcile.log")
+    return provider, proc
+
+
+def _wait_reconciled(
+    seen: list[Record], producer: RecordProducer, topics: Topics, console: Console
+) -> None:
+    """Time goes on (wall-clock ticks) until the pipeline has applied what the reconciler
+    found for the refund at the bundled provider (at most a minute)."""
+    key, ref = DEMO_PAYMENT
+    with console.status("Waiting for the reconciler to settle the refund…"):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if any(
+                isinstance(r, WorkItemResolution)
+                and r.operation_id == "op-refund-1"
+                and r.evidence_source == "RECONCILER"
+                for r in seen
+            ):
+                console.print(
+                    f"[bold]op-refund-1[/bold] settled by [bold]vigil reconcile[/bold]: the "
+                    f"bundled payments provider holds {ref} under {key}, so VERIFIED, no person "
+                    "involved."
+                )
+                return
+            for spec in topics.inputs():
+                producer.tick(spec.name, spec.partitions, datetime.now(UTC), "demo-ticker")
+            producer.flush()
+            time.sleep(0.5)
+    console.print(
+        "[yellow]The reconciler has not settled op-refund-1 yet (reconcile.log).[/yellow]"
+    )
 
 
 def _start_worker(settings: Settings, workdir: Path, port: int) -> subprocess.Popen[bytes]:

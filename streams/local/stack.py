@@ -4,7 +4,8 @@ The project's machines have no Docker engine, but Maven Central is reachable. So
 test infrastructure is fetched from there once, cached outside the repository, and run as
 plain JVM processes on 127.0.0.1:
 
-- Apache Kafka (KRaft, one node acting as broker and controller), with a log4j2 binding so the
+- Apache Kafka (KRaft, one node acting as broker and controller; or, with ``brokers=3``,
+  three such nodes forming one cluster, each a JVM of its own), with a log4j2 binding so every
   broker writes a log file instead of running silently.
 - Apicurio Registry, whose Confluent-compatible API (``/apis/ccompat/v7``) is what
   confluent-kafka's ``SchemaRegistryClient`` talks to.
@@ -56,10 +57,16 @@ DEFAULT_REGISTRY_PORT = 18081
 CCOMPAT_PATH = "/apis/ccompat/v7"
 
 KAFKA_HEAP = "-Xmx1g"
+#: each node's heap in a cluster of several: three brokers with a dev stack's load fit well in
+#: it, and three 1 GiB JVMs would not on a small machine
+CLUSTER_NODE_HEAP = "-Xmx384m"
 REGISTRY_MAX_SUBJECTS = 1_000_000
 REGISTRY_HEAP = "-Xmx512m"
 
 SERVICES = ("kafka", "registry")
+#: brokers ``vigil dev up --brokers`` accepts: one, or a cluster with a controller quorum
+#: (an odd number of voters: three tolerates the loss of one, five of two)
+BROKER_CHOICES = (1, 3, 5)
 
 _COMPLETE_MARKER = ".complete"
 _MAVEN_TIMEOUT_S = 900.0
@@ -87,6 +94,11 @@ class Settings:
     kafka_port: int
     controller_port: int
     registry_port: int
+    #: brokers asked for (``vigil dev up --brokers``): a fresh state dir gets a cluster of
+    #: that many; one that holds a cluster of another size is refused. None: the size the
+    #: state dir holds, one if fresh (``brokers_of``). Node ``i`` (from 1) listens on
+    #: ``kafka_port + 2 (i - 1)`` and ``controller_port + 2 (i - 1)``.
+    brokers: int | None = None
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -129,14 +141,72 @@ class Settings:
     @property
     def kafka_server_log(self) -> Path:
         """The broker's own log4j2 log (stdout only carries JVM-level failures)."""
-        return self.logs_dir / "kafka-server.log"
+        return self.server_log("kafka")
+
+    def server_log(self, node: str) -> Path:
+        """The log4j2 log of the broker ``node`` ("kafka", "kafka-2", ...)."""
+        return self.logs_dir / f"{node}-server.log"
+
+    @property
+    def brokers_file(self) -> Path:
+        """How many brokers the cluster in the data dir was formatted for."""
+        return self.data_dir / "brokers"
+
+    def brokers_of(self) -> int:
+        """The size of the cluster in the data dir: written when it was formatted; a data
+        dir formatted before the file existed holds one broker; a fresh one takes
+        ``brokers`` (one if not given)."""
+        try:
+            return int(self.brokers_file.read_text().strip())
+        except (OSError, ValueError):
+            pass
+        if (self.data_dir / "kafka" / "meta.properties").exists():
+            return 1
+        return self.brokers or 1
+
+    def kafka_nodes(self) -> tuple[str, ...]:
+        """The broker processes of the cluster: "kafka" (node 1), "kafka-2", ..."""
+        return tuple(node_name(i) for i in range(1, self.brokers_of() + 1))
+
+    def kafka_port_of(self, node: str) -> int:
+        return self.kafka_port + 2 * (node_index(node) - 1)
+
+    def controller_port_of(self, node: str) -> int:
+        return self.controller_port + 2 * (node_index(node) - 1)
 
     @property
     def cluster(self) -> Cluster:
         return Cluster(
-            bootstrap_servers=f"127.0.0.1:{self.kafka_port}",
+            bootstrap_servers=",".join(
+                f"127.0.0.1:{self.kafka_port_of(node)}" for node in self.kafka_nodes()
+            ),
             schema_registry_url=f"http://127.0.0.1:{self.registry_port}{CCOMPAT_PATH}",
         )
+
+
+def node_name(index: int) -> str:
+    """The process name of broker node ``index`` (from 1): node 1 is "kafka", as a single
+    broker always was, so that a running single-broker stack stays found."""
+    return "kafka" if index == 1 else f"kafka-{index}"
+
+
+def node_index(node: str) -> int:
+    return 1 if node == "kafka" else int(node.removeprefix("kafka-"))
+
+
+def _kind(service: str) -> str:
+    """ "kafka" for every broker node, "registry" for the registry."""
+    return "kafka" if service.startswith("kafka") else service
+
+
+def _processes(s: Settings, services: Sequence[str]) -> list[str]:
+    """The processes of ``services`` ("kafka" meaning every broker node), in start order."""
+    out: list[str] = []
+    if "kafka" in services:
+        out += s.kafka_nodes()
+    if "registry" in services:
+        out.append("registry")
+    return out
 
 
 def _env_port(name: str, default: int) -> int:
@@ -174,30 +244,56 @@ def cluster_from_env() -> Cluster | None:
     return None
 
 
-def up(reset: bool = False, timeout: float = 120.0, settings: Settings | None = None) -> Cluster:
-    """Make the local broker and registry run and answer; return where they are.
+def up(
+    reset: bool = False,
+    timeout: float = 120.0,
+    settings: Settings | None = None,
+    services: Sequence[str] = SERVICES,
+) -> Cluster:
+    """Make the local broker(s) and registry run and answer; return where they are.
 
     Idempotent: services already running and answering are left alone; a pid file whose
     process is gone (a crash, a reboot) is cleaned up and the service started again.
-    With ``reset``, both services are stopped and their data deleted first.
+    With ``reset``, both services are stopped and their data deleted first. ``services``
+    chooses what to run ("kafka" alone: a cluster whose registry is elsewhere).
+
+    A fresh (or reset) state dir gets a cluster of ``settings.brokers``; one that holds a
+    cluster of another size is refused: its controller quorum was formatted for that size.
 
     ``timeout`` bounds the wait for readiness of each service (downloads are not counted).
     """
     s = settings or Settings.from_env()
+    _check_services(services)
     with _locked(s.state_dir):
         if reset:
-            _stop(s, SERVICES)
+            _stop(s, _processes(s, SERVICES))
             _wipe_data(s)
+        if s.brokers is not None and s.brokers not in BROKER_CHOICES:
+            raise LocalStackError(f"brokers={s.brokers}: must be one of {BROKER_CHOICES}")
+        if s.brokers is not None and s.brokers_of() != s.brokers:
+            raise LocalStackError(
+                f"{s.data_dir} holds a cluster of {s.brokers_of()} broker(s), not "
+                f"{s.brokers}; `vigil dev up --reset --brokers {s.brokers}` deletes its data "
+                "and starts one of that size"
+            )
+        processes = _processes(s, services)
         started: list[str] = []
         try:
-            # Fetch and start Kafka first, so the broker boots while the registry downloads.
-            for service in SERVICES:
-                if _needs_start(s, service):
+            # Fetch and start Kafka first, so the brokers boot while the registry downloads.
+            to_start = [service for service in processes if _needs_start(s, service)]
+            nodes = [service for service in to_start if _kind(service) == "kafka"]
+            if nodes:
+                _prepare(s, "kafka")
+                _format_storage(s, str(find_java()), nodes)
+            for service in to_start:
+                if _kind(service) != "kafka":
                     _prepare(s, service)
-                    _start(s, service)
-                    started.append(service)
-            for service in SERVICES:
+                _start(s, service)
+                started.append(service)
+            for service in processes:
                 _wait_ready(s, service, timeout, announce=service in started)
+            if "kafka" in services:
+                _wait_for_brokers(s, timeout)
         except BaseException:
             # Do not leave half-started processes behind on a failed (or interrupted) start.
             _stop(s, started)
@@ -207,44 +303,65 @@ def up(reset: bool = False, timeout: float = 120.0, settings: Settings | None = 
     return s.cluster
 
 
-def down(services: Sequence[str] = SERVICES, settings: Settings | None = None) -> None:
-    """Stop the local services (SIGTERM to their process group, then SIGKILL). Keeps data."""
-    s = settings or Settings.from_env()
+def _check_services(services: Sequence[str]) -> None:
     unknown = set(services) - set(SERVICES)
     if unknown:
         raise ValueError(f"unknown services: {sorted(unknown)}")
+
+
+def down(services: Sequence[str] = SERVICES, settings: Settings | None = None) -> None:
+    """Stop the local services (SIGTERM to their process group, then SIGKILL; "kafka": every
+    broker node). Keeps data."""
+    s = settings or Settings.from_env()
+    _check_services(services)
     with _locked(s.state_dir):
-        _stop(s, services)
+        _stop(s, _processes(s, services))
 
 
 def wipe(settings: Settings | None = None) -> None:
     """Stop both services and delete their data (topics, offsets, schemas); keep downloads."""
     s = settings or Settings.from_env()
     with _locked(s.state_dir):
-        _stop(s, SERVICES)
+        _stop(s, _processes(s, SERVICES))
         _wipe_data(s)
 
 
 def status(settings: Settings | None = None) -> dict[str, dict[str, Any]]:
-    """For each service: pid, running (our process alive), answering, address, log file."""
+    """For each process (every broker node: "kafka", "kafka-2", ...; "registry"): pid,
+    running (our process alive), answering, address, log file."""
     s = settings or Settings.from_env()
     result: dict[str, dict[str, Any]] = {}
-    for service in SERVICES:
+    for service in _processes(s, SERVICES):
         pid = _live_pid(s, service)
         result[service] = {
             "pid": pid,
             "running": pid is not None,
             "answering": _answering(s, service),
             "address": _address(s, service),
-            "log": str(s.kafka_server_log if service == "kafka" else s.log_file(service)),
+            "log": str(s.server_log(service) if _kind(service) == "kafka" else s.log_file(service)),
         }
     return result
 
 
 def is_running(settings: Settings | None = None) -> dict[str, bool]:
-    """Which services have a live process of ours (cheap: no network calls)."""
+    """Which services have a live process of ours ("kafka": every broker node) (cheap: no
+    network calls)."""
     s = settings or Settings.from_env()
-    return {service: _live_pid(s, service) is not None for service in SERVICES}
+    return {
+        service: all(_live_pid(s, p) is not None for p in _processes(s, [service]))
+        for service in SERVICES
+    }
+
+
+def broker_pids(settings: Settings) -> dict[int, int]:
+    """The pid of each running broker node by its node id (the broker id Kafka reports), for
+    tests that stop one broker of a cluster."""
+    out = {}
+    for node in settings.kafka_nodes():
+        pid = _live_pid(settings, node)
+        if pid is not None:
+            out[node_index(node)] = pid
+    return out
 
 
 # --------------------------------------------------------------------------- downloads
@@ -443,40 +560,64 @@ def _kafka_config_dir(s: Settings) -> Path:
     return s.state_dir / "config"
 
 
-def _write_kafka_config(s: Settings) -> Path:
-    """Write server.properties and the log4j2 config; return server.properties' path."""
+def _config_name(node: str, suffix: str) -> str:
+    """Node 1's files keep the single broker's names (server.properties)."""
+    return f"{suffix}.properties" if node == "kafka" else f"{suffix}-{node_index(node)}.properties"
+
+
+def _server_config(s: Settings, node: str) -> Path:
+    return _kafka_config_dir(s) / _config_name(node, "server")
+
+
+def _log4j_config(s: Settings, node: str) -> Path:
+    return _kafka_config_dir(s) / _config_name(node, "kafka-log4j2")
+
+
+def _write_kafka_config(s: Settings, node: str = "kafka") -> Path:
+    """Write the node's server.properties and log4j2 config; return the first one's path."""
     config_dir = _kafka_config_dir(s)
     config_dir.mkdir(parents=True, exist_ok=True)
-    (config_dir / "kafka-log4j2.properties").write_text(_kafka_log4j2(s))
-    server = config_dir / "server.properties"
-    server.write_text(_server_properties(s))
+    _log4j_config(s, node).write_text(_kafka_log4j2(s, node))
+    server = _server_config(s, node)
+    server.write_text(_server_properties(s, node))
     return server
 
 
-def _server_properties(s: Settings) -> str:
-    """A single-node KRaft broker+controller: every replication factor and min.isr is 1."""
-    kafka_data = s.data_dir / "kafka"
+def _server_properties(s: Settings, node: str = "kafka") -> str:
+    """A KRaft node acting as broker and controller. Alone, every replication factor and
+    min.isr is 1; in a cluster of three or more, the internal topics (consumer offsets,
+    transactions) get three replicas and two in sync, as ``streams.kafka.topics.replication``
+    gives vigil's own topics, and so do topics created without a factor."""
+    index = node_index(node)
+    brokers = s.brokers_of()
+    port, controller = s.kafka_port_of(node), s.controller_port_of(node)
+    replicas = str(min(3, brokers))
+    in_sync = "2" if brokers >= 3 else "1"
+    voters = ",".join(
+        f"{i}@127.0.0.1:{s.controller_port_of(node_name(i))}" for i in range(1, brokers + 1)
+    )
     props = {
         "process.roles": "broker,controller",
-        "node.id": "1",
+        "node.id": str(index),
         # Static quorum: no --standalone / --initial-controllers needed when formatting.
-        "controller.quorum.voters": f"1@127.0.0.1:{s.controller_port}",
-        "listeners": (
-            f"PLAINTEXT://127.0.0.1:{s.kafka_port},CONTROLLER://127.0.0.1:{s.controller_port}"
-        ),
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{s.kafka_port}",
+        "controller.quorum.voters": voters,
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        "log.dirs": str(kafka_data),
+        "log.dirs": str(s.data_dir / node),
         "num.partitions": "1",
-        "default.replication.factor": "1",
-        "min.insync.replicas": "1",
-        "offsets.topic.replication.factor": "1",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "default.replication.factor": replicas,
+        "min.insync.replicas": in_sync,
+        "offsets.topic.replication.factor": replicas,
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": in_sync,
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": in_sync,
+        # A replica that lost its leader is never made leader with records missing: with
+        # acks=all and min.insync.replicas 2, an acknowledged record is on a replica in sync.
+        "unclean.leader.election.enable": "false",
         # Tests and dev runs join consumer groups constantly; the default 3 s delay is waste.
         "group.initial.rebalance.delay.ms": "0",
         # Topics are created on purpose (the project declares them), never by a typo.
@@ -488,8 +629,8 @@ def _server_properties(s: Settings) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _kafka_log4j2(s: Settings) -> str:
-    log_file = s.kafka_server_log
+def _kafka_log4j2(s: Settings, node: str = "kafka") -> str:
+    log_file = s.server_log(node)
     return f"""# Generated by vigil (streams/local/stack.py): the broker logs to a file.
 status = warn
 appender.file.type = RollingFile
@@ -560,13 +701,19 @@ def _tag(s: Settings, service: str) -> str:
 
 def _command(s: Settings, service: str) -> list[str]:
     java = str(find_java())
-    if service == "kafka":
-        server = _write_kafka_config(s)
-        log4j = _kafka_config_dir(s) / "kafka-log4j2.properties"
+    if _kind(service) == "kafka":
+        server = _write_kafka_config(s, service)
+        log4j = _log4j_config(s, service)
+        alone = s.brokers_of() == 1
         return [
             java,
-            KAFKA_HEAP,
-            "-Xms256m",
+            KAFKA_HEAP if alone else CLUSTER_NODE_HEAP,
+            "-Xms256m" if alone else "-Xms128m",
+            # Three JVMs of a cluster on a small machine: the quick compiler only. It starts
+            # a node in about half the CPU time and is soon as fast as it gets; a node's peak
+            # is lower than with C2, which a dev cluster never reaches (the single broker,
+            # which the benchmarks measure against, keeps both compilers).
+            *([] if alone else ["-XX:TieredStopAtLevel=1"]),
             "-XX:+UseG1GC",
             "-XX:+ExitOnOutOfMemoryError",  # a dead broker is restarted by up(); a sick one not
             "-Djava.awt.headless=true",
@@ -648,8 +795,6 @@ def _start(s: Settings, service: str) -> None:
     s.logs_dir.mkdir(parents=True, exist_ok=True)
     (s.data_dir / service).mkdir(parents=True, exist_ok=True)
     command = _command(s, service)
-    if service == "kafka":
-        _format_storage(s, command[0])
     out_path = s.log_file(service)
     with out_path.open("ab") as out:
         out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {service}\n".encode())
@@ -668,44 +813,79 @@ def _start(s: Settings, service: str) -> None:
     log.info("%s: started pid %d, log %s", service, proc.pid, out_path)
 
 
-def _format_storage(s: Settings, java: str) -> None:
-    """Format the KRaft log dir once (a JVM start, ~2 s, so skipped when already done)."""
-    if (s.data_dir / "kafka" / "meta.properties").exists():
+def _format_storage(s: Settings, java: str, nodes: Sequence[str] = ("kafka",)) -> None:
+    """Format the KRaft log dir of each node once (a JVM start each, ~2 s, so skipped when
+    already done, and the nodes' run side by side), with the cluster id every node of the data
+    dir shares; record the cluster's size."""
+    todo = [node for node in nodes if not (s.data_dir / node / "meta.properties").exists()]
+    if not todo:
         return
-    server = _kafka_config_dir(s) / "server.properties"
-    cmd = [
-        java,
-        "-Xmx256m",
-        f"-Dlog4j2.configurationFile={_kafka_config_dir(s) / 'kafka-log4j2.properties'}",
-        "-cp",
-        str(s.kafka_home / "libs" / "*"),
-        "kafka.tools.StorageTool",
-        "format",
-        f"--cluster-id={_cluster_id(s)}",  # attached: an id is never read as an option
-        "-c",
-        str(server),
-        "--ignore-formatted",
-    ]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, check=False
-    )
-    if proc.returncode != 0:
-        raise LocalStackError(
-            f"formatting Kafka storage failed (exit {proc.returncode}):\n"
-            f"{proc.stdout}{proc.stderr}".rstrip()
+    size = s.brokers_of()  # before node 1's meta.properties makes a data dir look old
+    cluster_id = _cluster_id(s)
+    running = []
+    for node in todo:
+        (s.data_dir / node).mkdir(parents=True, exist_ok=True)
+        server = _write_kafka_config(s, node)
+        cmd = [
+            java,
+            "-Xmx256m",
+            # a tool that runs for seconds: the quick compiler only, the simplest collector
+            "-XX:TieredStopAtLevel=1",
+            "-XX:+UseSerialGC",
+            f"-Dlog4j2.configurationFile={_log4j_config(s, node)}",
+            "-cp",
+            str(s.kafka_home / "libs" / "*"),
+            "kafka.tools.StorageTool",
+            "format",
+            f"--cluster-id={cluster_id}",  # attached: an id is never read as an option
+            "-c",
+            str(server),
+            "--ignore-formatted",
+        ]
+        running.append(
+            subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
         )
+    failures = []
+    for node, proc in zip(todo, running, strict=True):
+        try:
+            output, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+        if proc.returncode != 0:
+            failures.append(f"{node} (exit {proc.returncode}):\n{output}".rstrip())
+    if failures:
+        raise LocalStackError("formatting Kafka storage failed: " + "\n".join(failures))
+    s.brokers_file.write_text(f"{size}\n")
 
 
-def _stop(s: Settings, services: Sequence[str]) -> None:
-    """Stop services in reverse start order: the registry first, then the broker."""
-    for service in reversed(SERVICES):
-        if service not in services:
-            continue
-        pid = _live_pid(s, service)
-        if pid is not None:
-            log.info("%s: stopping pid %d", service, pid)
-            _terminate(pid)
-        s.pid_file(service).unlink(missing_ok=True)
+def _stop(s: Settings, processes: Sequence[str]) -> None:
+    """Stop the registry first, then the brokers, all brokers of a cluster at once: a node
+    stopped after the others can no longer reach a controller quorum, and its controlled
+    shutdown would wait for one until it is killed."""
+    import threading
+
+    for group in (
+        [p for p in processes if _kind(p) != "kafka"],
+        [p for p in processes if _kind(p) == "kafka"],
+    ):
+        threads = []
+        for service in group:
+            pid = _live_pid(s, service)
+            if pid is not None:
+                log.info("%s: stopping pid %d", service, pid)
+                threads.append(threading.Thread(target=_terminate, args=(pid,)))
+                threads[-1].start()
+        for thread in threads:
+            thread.join()
+        for service in group:
+            s.pid_file(service).unlink(missing_ok=True)
 
 
 def _terminate(pid: int) -> None:
@@ -826,14 +1006,15 @@ def _live_pid(s: Settings, service: str) -> int | None:
 
 
 def _ports(s: Settings, service: str) -> list[int]:
-    if service == "kafka":
-        return [s.kafka_port, s.controller_port]
+    if _kind(service) == "kafka":
+        return [s.kafka_port_of(service), s.controller_port_of(service)]
     return [s.registry_port]
 
 
 def _address(s: Settings, service: str) -> str:
-    cluster = s.cluster
-    return cluster.bootstrap_servers if service == "kafka" else cluster.schema_registry_url
+    if _kind(service) == "kafka":
+        return f"127.0.0.1:{s.kafka_port_of(service)}"
+    return s.cluster.schema_registry_url
 
 
 def _port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -865,9 +1046,30 @@ def registry_answers(url: str, timeout: float = 3.0) -> bool:
 
 
 def _answering(s: Settings, service: str) -> bool:
-    if service == "kafka":
-        return _port_open(s.kafka_port) and kafka_answers(s.cluster.bootstrap_servers)
+    if _kind(service) == "kafka":
+        address = _address(s, service)
+        return _port_open(s.kafka_port_of(service)) and kafka_answers(address)
     return registry_answers(s.cluster.schema_registry_url)
+
+
+def _wait_for_brokers(s: Settings, timeout: float) -> None:
+    """Until the cluster's metadata lists every node: each node answering alone is not yet a
+    cluster a topic of three replicas can be created on."""
+    from confluent_kafka.admin import AdminClient
+
+    want = s.brokers_of()
+    if want == 1:
+        return
+    admin = AdminClient({"bootstrap.servers": s.cluster.bootstrap_servers, "log_level": 0})
+    deadline = time.monotonic() + timeout
+    seen = 0
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            seen = len(admin.list_topics(timeout=3).brokers)
+            if seen >= want:
+                return
+        time.sleep(0.5)
+    raise LocalStackError(f"the cluster lists {seen} of its {want} brokers after {timeout:.0f}s")
 
 
 def _wait_ready(s: Settings, service: str, timeout: float, announce: bool = True) -> None:
@@ -893,8 +1095,8 @@ def _wait_ready(s: Settings, service: str, timeout: float, announce: bool = True
 def _log_tail(s: Settings, service: str, lines: int = 40) -> str:
     """The last lines of the service's logs, for error messages."""
     paths = [s.log_file(service)]
-    if service == "kafka":
-        paths.append(s.kafka_server_log)
+    if _kind(service) == "kafka":
+        paths.append(s.server_log(service))
     parts = []
     for path in paths:
         if path.exists():

@@ -496,6 +496,17 @@ function table(columns, rows) {
     el("tbody", {}, rows.map((r) => el("tr", {}, columns.map(([k, , f]) =>
       el("td", { class: k.endsWith("_id") ? "mono" : null }, f ? f(r[k], r) : (r[k] ?? "—")))))));
 }
+// vigil reconcile's progress on a work item: its state, every check with its finding, and
+// when the next one is due
+function reconcilerCell(r) {
+  if (!r) return "—";
+  const next = r.next_check_at ? ` · next check ${fmtTime(r.next_check_at)}` : "";
+  return el("div", { class: "reconciler" },
+    el("span", { class: "badge" }, r.state), next, r.note ? ` · ${r.note}` : "",
+    el("ol", {}, (r.checks || []).map((c) =>
+      el("li", {}, `${fmtTime(c.at)} ${c.finding}${c.detail ? ` (${c.detail})` : ""}` +
+        `${c.effect_ref ? ` ref ${c.effect_ref}` : ""} · ${c.latency_ms} ms`))));
+}
 function renderExecution(main) {
   const ex = state.execution;
   if (!ex) return;
@@ -526,6 +537,7 @@ function renderExecution(main) {
   main.append(el("h3", {}, "Work items"), table([
     ["work_item_id", "work item"], ["kind", "kind"], ["operation_id", "operation"],
     ["deadline", "deadline", fmtTime], ["next_step", "next step"],
+    ["reconciler", "reconciler", reconcilerCell],
   ], d.work_items));
   main.append(el("h3", {}, "Alerts"), table([
     ["alert_id", "alert"], ["kind", "kind"], ["status", "status"], ["severity", "severity"],

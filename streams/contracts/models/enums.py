@@ -223,3 +223,32 @@ class AnomalyKind(StrEnum):
     #: a second decision for a request that contradicts the first (docs/rules.md)
     CONFLICTING_DECISION = "CONFLICTING_DECISION"
     UNRECOGNIZED = "UNRECOGNIZED"
+
+
+class CheckFinding(StrEnum):
+    """What one reconciler check read at the source: VERIFIED (the effect exists), ABSENT (the
+    source has no such effect), PENDING (the source has it, not yet settled), ERROR (no usable
+    answer: unreachable, timed out, refused, malformed).
+    """
+
+    VERIFIED = "VERIFIED"
+    ABSENT = "ABSENT"
+    PENDING = "PENDING"
+    ERROR = "ERROR"
+    UNRECOGNIZED = "UNRECOGNIZED"
+
+
+class ReconciliationState(StrEnum):
+    """Where the reconciler stands on a work item: CHECKING (a next check is due), VERIFIED or
+    FAILED (it published that fact), MANUAL_REVIEW (it gave up and handed the operation to a
+    person), RESOLVED (settled by other evidence before it found an answer), UNCONFIGURED (no
+    checker for its connector).
+    """
+
+    CHECKING = "CHECKING"
+    VERIFIED = "VERIFIED"
+    FAILED = "FAILED"
+    MANUAL_REVIEW = "MANUAL_REVIEW"
+    RESOLVED = "RESOLVED"
+    UNCONFIGURED = "UNCONFIGURED"
+    UNRECOGNIZED = "UNRECOGNIZED"

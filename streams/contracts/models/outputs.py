@@ -8,12 +8,14 @@ from streams.contracts.models.enums import (
     AlertStatus,
     AnomalyKind,
     ApprovalVerdictCode,
+    CheckFinding,
     EvidenceSource,
     ExecutionStatus,
     OperationStatus,
     Owner,
     Proof,
     ProofState,
+    ReconciliationState,
     RetryVerdict,
     Severity,
     WorkItemKind,
@@ -93,6 +95,48 @@ class WorkItemResolution(Record):
     evidence_source: EvidenceSource
     resolved_at: Millis
     evidence: tuple[str, ...] = ()
+    traceparent: str | None = None
+
+
+class CheckAttempt(Record):
+    # Nested in ReconciliationCheck.avsc: no file, no topic of its own.
+    avro_name = "CheckAttempt"
+    time_field = None
+    key_field = None
+    number: int
+    at: Millis
+    finding: CheckFinding
+    detail: str | None = None
+    effect_ref: str | None = None
+    latency_ms: int
+
+
+class ReconciliationCheck(Record):
+    """The reconciler's progress on one work item (``<p>.reconciliation-checks``, compacted by
+    work item id, written to the partition the work item was read from)."""
+
+    avro_name = "ReconciliationCheck"
+    time_field = "updated_at"
+    key_field = "work_item_id"
+    check_id: str
+    work_item_id: str
+    operation_id: str
+    execution_id: str
+    attempt: int
+    connector: str
+    idempotency_key: str | None = None
+    item_effect_ref: str | None = None
+    work_item_kind: WorkItemKind
+    deadline: Millis
+    item_created_at: Millis
+    state: ReconciliationState
+    first_seen_at: Millis
+    updated_at: Millis
+    next_check_at: Millis | None = None
+    checks: tuple[CheckAttempt, ...] = ()
+    outcome_event_id: str | None = None
+    effect_ref: str | None = None
+    note: str | None = None
     traceparent: str | None = None
 
 
@@ -200,3 +244,6 @@ OUTPUT_MODELS: tuple[type[Record], ...] = (
     Anomaly,
     DeadLetter,
 )
+
+#: records written by a vigil service other than the worker (``vigil reconcile``)
+SERVICE_MODELS: tuple[type[Record], ...] = (ReconciliationCheck,)
