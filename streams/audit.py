@@ -282,7 +282,7 @@ def audit(
         heartbeat_fresh=_parse_threshold(heartbeat_fresh, "--heartbeat-fresh"),
         delivery_deadline=_parse_threshold(delivery_deadline, "--delivery-deadline"),
     )
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     try:
         text = sys.stdin.read() if str(file) == "-" else file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

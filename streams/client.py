@@ -142,11 +142,18 @@ class Approval(_View):
 
 
 class Execution(_View):
-    """One execution as a worker holds it: status, since when, operations, approvals."""
+    """One execution as a worker holds it: status, since when, operations, approvals.
+
+    ``status`` is None while no status event of the execution was seen (``status_known``
+    False): it may still be in flight (``in_flight``) with an approval or operation open
+    (``open_approval_ids``, ``open_operation_ids``)."""
 
     execution_id: str
     status: Status | None = None
+    status_known: bool = True
     in_flight: bool = False
+    open_operation_ids: tuple[str, ...] = ()
+    open_approval_ids: tuple[str, ...] = ()
     since: datetime | None = None
     first_seen_at: datetime | None = None
     last_event_at: datetime | None = None

@@ -47,6 +47,12 @@ def test_execution_view(running) -> None:
     r = httpx.get(f"{base}/v1/executions/exec-deploy", timeout=10)
     (appr,) = r.json()["approvals"]
     assert appr["verdict"] == "STUCK_AFTER_DECISION" and appr["owner"] == "RUNTIME_OWNER"
+    # exec-deploy has no status event, only an approval still open: in flight, status unknown
+    deploy = r.json()
+    assert deploy["status"] is None and deploy["status_known"] is False
+    assert deploy["in_flight"] is True and deploy["open_approval_ids"] == [appr["request_id"]]
+    sms = httpx.get(f"{base}/v1/executions/exec-sms-reminder", timeout=10).json()
+    assert sms["status_known"] is True and sms["open_operation_ids"] == []
 
 
 def test_unknown_and_malformed_ids(running) -> None:
@@ -215,9 +221,20 @@ def test_status_and_watch_commands(running) -> None:
     assert json.loads(res.stdout)["operations"][0]["retry"] == "FORBIDDEN"
     res = runner.invoke(cli, ["status", "nobody", "--url", base])
     assert res.exit_code == 1
+    res = runner.invoke(cli, ["status", "exec-deploy", "--url", base])
+    assert res.exit_code == 0, res.output
+    headline = res.stdout.splitlines()[0]
+    assert "status unknown" in headline and "in flight: 1 open approval" in headline, headline
+    assert "closed" not in headline
     res = runner.invoke(cli, ["watch", "exec-invoice-run", "--url", base])
     assert res.exit_code == 0, res.output
     assert "COMPLETED" in res.output and "op-email-1" in res.output
+    # every change is readable: an execution's state that is not its end says its status,
+    # since when, and what is open (no bare record name)
+    lines = res.stdout.strip().splitlines()
+    assert not [line for line in lines if "ExecutionState" in line], lines
+    changes = [line for line in lines if " execution " in line and "COMPLETED" not in line]
+    assert changes and all(" since " in line and "open: " in line for line in changes), lines
 
 
 def test_two_workers_redirect_to_the_owner(cluster, tmp_path: Path) -> None:

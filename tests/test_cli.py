@@ -5,7 +5,13 @@ positions and filters, and the sample files."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+import threading
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +23,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from rich.console import Console
 from typer.testing import CliRunner
 
 from streams.cli.consume import (
@@ -30,8 +37,20 @@ from streams.cli.consume import (
 from streams.cli.errors import BadArgument, ExitCode, explain
 from streams.cli.produce import check_lines
 from streams.contracts.codec import RegistryUnavailable
+from streams.contracts.models.enums import (
+    EvidenceSource,
+    ExecutionStatus,
+    OperationStatus,
+    WorkItemKind,
+)
 from streams.contracts.models.events import ExecutionStatusChanged
+from streams.contracts.models.outputs import (
+    ExecutionState,
+    ReconciliationWorkItem,
+    WorkItemResolution,
+)
 from streams.kafka.topics import Topics
+from streams.local.demo import describe, feed_line
 from streams.settings import Settings, SettingsError
 
 SAMPLES = Path(__file__).resolve().parents[1] / "streams" / "samples"
@@ -362,3 +381,170 @@ def test_one_start_option_at_most() -> None:
     )
     with pytest.raises(BadArgument, match="--offset, --from-time"):
         start_from(from_beginning=False, offset="1", from_time=at)
+
+
+# -- the commands that talk HTTP: one line, the code of the README's table -------------------
+
+
+class _Answers(BaseHTTPRequestHandler):
+    """A stand-in worker API and console: each path answers with the status it names
+    (``/api/executions/x/operations/s409/review`` answers 409), the error long enough to
+    wrap at 80 columns."""
+
+    def _answer(self) -> None:
+        status = next((int(p[1:]) for p in self.path.split("/") if re.fullmatch(r"s\d{3}", p)), 200)
+        body = json.dumps({"error": "refused: " + "a long reason, " * 12, "status": status})
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def answers() -> Any:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+REVIEW = ["review", "--verified", "--note", "statement line 7", "--reviewer", "alice"]
+
+
+@pytest.mark.parametrize(
+    ("op", "extra", "env", "code"),
+    [
+        ("op-1", [], {}, ExitCode.SETTING),  # no write token: a setting
+        ("op-1", ["--console", "notaurl"], {"VIGIL_CONSOLE_WRITE_TOKEN": "t"}, ExitCode.USAGE),
+        ("op-1", ["--console", "ftp://x"], {"VIGIL_CONSOLE_WRITE_TOKEN": "t"}, ExitCode.USAGE),
+        ("s401", [], {"VIGIL_CONSOLE_WRITE_TOKEN": "wrong"}, ExitCode.REFUSED),
+        ("s404", [], {"VIGIL_CONSOLE_WRITE_TOKEN": "t"}, ExitCode.REFUSED),
+        ("s409", [], {"VIGIL_CONSOLE_WRITE_TOKEN": "t"}, ExitCode.REFUSED),
+        ("s400", [], {"VIGIL_CONSOLE_WRITE_TOKEN": "t"}, ExitCode.USAGE),
+        ("s503", [], {"VIGIL_CONSOLE_WRITE_TOKEN": "t"}, ExitCode.SERVICE),
+        ("", [], {"VIGIL_CONSOLE_WRITE_TOKEN": "t"}, ExitCode.USAGE),
+    ],
+)
+def test_review_exits_with_the_code_of_the_table(
+    answers: str, op: str, extra: list[str], env: dict[str, str], code: ExitCode
+) -> None:
+    res = vigil(
+        *REVIEW, op, "--console", answers, *extra, env={"VIGIL_CONSOLE_WRITE_TOKEN": "", **env}
+    )
+    assert res.exit_code == code, res.output
+    assert res.output.startswith("error: ") and len(res.output.strip().splitlines()) == 1
+
+
+def test_review_of_an_unreachable_console_is_8() -> None:
+    res = vigil(*REVIEW, "op-1", "--console", NOWHERE, env={"VIGIL_CONSOLE_WRITE_TOKEN": "t"})
+    assert res.exit_code == ExitCode.SERVICE and "cannot reach the console" in res.output
+
+
+@pytest.mark.parametrize("command", ["status", "watch"])
+def test_an_empty_execution_id_is_a_bad_argument(answers: str, command: str) -> None:
+    res = vigil(command, "", "--url", answers)
+    assert res.exit_code == ExitCode.USAGE, res.output
+    assert "execution id is empty" in res.output and "404" not in res.output
+
+
+def test_status_refusals_follow_the_table(answers: str) -> None:
+    assert vigil("status", "s404", "--url", answers).exit_code == ExitCode.REFUSED
+    assert vigil("status", "s401", "--url", answers).exit_code == ExitCode.REFUSED
+    assert vigil("status", "s400", "--url", answers).exit_code == ExitCode.USAGE
+    assert vigil("status", "x", "--url", "localhost:6066").exit_code == ExitCode.USAGE
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "s409", "--url"],
+        ["watch", "s404", "--url"],
+        [*REVIEW, "s409", "--console"],
+    ],
+    ids=["status", "watch", "review"],
+)
+def test_errors_are_one_line_at_any_width_through_a_process(answers: str, args: list[str]) -> None:
+    """stderr a pipe, not a terminal (rich would wrap at 80 columns) and a long answer: the
+    error is still one line."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env.update(VIGIL_CONSOLE_WRITE_TOKEN="t", PYTHONPATH=str(SAMPLES.parents[1]))
+    res = subprocess.run(
+        [sys.executable, "-m", "streams.cli", *args, answers],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert "a long reason" in lines[0] and len(lines[0]) > 80
+    assert res.returncode == ExitCode.REFUSED
+
+
+# -- the live feed's lines (vigil watch, vigil demo) ------------------------------------------
+
+_AT = datetime(2026, 7, 26, 16, 0, tzinfo=UTC)
+
+
+def test_a_change_that_is_not_the_end_is_shown_with_what_is_open() -> None:
+    state = ExecutionState(
+        execution_id="exec-1",
+        status=ExecutionStatus.WAITING_FOR_TOOL,
+        since=_AT,
+        first_seen_at=_AT,
+        last_event_at=_AT + timedelta(seconds=5),
+        last_sequence=3,
+        open_operation_ids=("op-a", "op-b"),
+        open_approval_ids=("req-1",),
+        terminal=False,
+        state_id="s-1",
+    )
+    at, what, subject, detail = describe(state) or ("", "", "", "")
+    assert (at, what, subject) == ("16:00:05", "execution", "exec-1")
+    assert (
+        detail
+        == "WAITING_FOR_TOOL since 16:00:00; open: 2 operations (op-a, op-b); 1 approval (req-1)"
+    )
+    idle = state.model_copy(update={"open_operation_ids": (), "open_approval_ids": ()})
+    assert (describe(idle) or ("", "", "", ""))[3].endswith("open: nothing")
+
+
+def test_a_resolution_names_what_it_ends_then_how() -> None:
+    item = ReconciliationWorkItem(
+        work_item_id="wi-1",
+        operation_id="op-1",
+        execution_id="exec-1",
+        attempt=1,
+        connector="bank",
+        kind=WorkItemKind.REPLY_TIMEOUT,
+        deadline=_AT,
+        created_at=_AT,
+    )
+    resolution = WorkItemResolution(
+        resolution_id="r-1",
+        work_item_id="wi-1",
+        operation_id="op-1",
+        execution_id="exec-1",
+        attempt=1,
+        outcome=OperationStatus.VERIFIED,
+        evidence_source=EvidenceSource.RECONCILER,
+        resolved_at=_AT,
+    )
+    detail = (describe(resolution, {"wi-1": item}) or ("", "", "", ""))[3]
+    assert detail.startswith("ends attempt 1's UNKNOWN (REPLY_TIMEOUT work item)"), detail
+    assert detail.endswith("settled VERIFIED by RECONCILER")
+    unseen = (describe(resolution) or ("", "", "", ""))[3]
+    assert unseen.startswith("ends attempt 1's work item wi-1"), unseen
+
+
+def test_a_feed_line_prints_brackets_as_written() -> None:
+    console = Console(record=True, width=200)
+    console.print(feed_line(("16:00:00", "operation", "op-[1]", "UNKNOWN [reply_timeout]")))
+    text = console.export_text()
+    assert "op-[1]" in text and "UNKNOWN [reply_timeout]" in text

@@ -67,6 +67,9 @@ def test_get_returns_the_typed_execution(running) -> None:
         (appr,) = deploy.approvals
         assert appr.verdict is ApprovalVerdictCode.STUCK_AFTER_DECISION
         assert appr.owner is Owner.RUNTIME_OWNER and appr.next_step
+        # no status event, an open approval: in flight with its status unknown, not closed
+        assert deploy.status is None and deploy.status_known is False
+        assert deploy.in_flight and deploy.open_approval_ids == (appr.request_id,)
 
 
 def test_approval_and_typed_errors(running) -> None:

@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +115,17 @@ def caught_up(base: str, timeout: float = 40.0) -> dict[str, Any]:
     raise AssertionError(f"not caught up: {lag}")
 
 
+def _timeless(body: Any) -> Any:
+    """``body`` without what depends on when it was asked: the lag, the freshness, now, and
+    the ages measured from now."""
+    if isinstance(body, dict):
+        drop = {"age_seconds", "lag", "fresh_at", "now"}
+        return {k: _timeless(v) for k, v in body.items() if k not in drop}
+    if isinstance(body, list):
+        return [_timeless(v) for v in body]
+    return body
+
+
 def answers(base: str) -> dict[str, Any]:
     """Every query answer that two complete views must agree on (the lag aside)."""
     out: dict[str, Any] = {}
@@ -122,10 +133,7 @@ def answers(base: str) -> dict[str, Any]:
     def get(path: str, **params: str) -> Any:
         r = httpx.get(f"{base}{path}", params=params, timeout=10)
         assert r.status_code == 200, r.text
-        body = r.json()
-        if isinstance(body.get("as_of"), dict):
-            body["as_of"].pop("lag", None)
-        return body
+        return _timeless(r.json())
 
     out["summary"] = get("/api/summary")
     for name in ("approvals", "operations", "alerts", "work-items"):
@@ -180,6 +188,15 @@ def test_console_shows_the_demo_and_survives_kill_and_rebuild(demo: Deployment) 
         (stuck,) = r.json()["items"]
         assert stuck["request_id"] == "req-deploy" and stuck["owner"] == "RUNTIME_OWNER"
         assert stuck["next_step"] and stuck["action"] and stuck["age_seconds"] > 0
+        # its age runs to now on the wall clock, not to the newest record (minutes after it)
+        started = datetime.fromisoformat(stuck["started_at"])
+        lasted = (datetime.now(UTC) - started).total_seconds()
+        assert lasted - 60 <= stuck["age_seconds"] <= lasted, stuck
+        # "as of": when the view last held everything on the topics, a moment ago
+        lag = httpx.get(f"{base}/api/lag", timeout=10).json()
+        fresh = datetime.fromisoformat(lag["as_of"]["fresh_at"])
+        assert timedelta(0) <= datetime.now(UTC) - fresh < timedelta(seconds=30), lag["as_of"]
+        assert fresh > datetime.fromisoformat(lag["as_of"]["event_time"])
         # the UNKNOWN operation, owned by whoever reconciles with the connector
         (op,) = httpx.get(f"{base}/api/operations", params={"status": "UNKNOWN"}).json()["items"]
         assert op["operation_id"] == "op-refund-1" and op["owner"] == "CONNECTOR_OWNER"

@@ -95,8 +95,10 @@ def human_events(dep: Deployment) -> list[OperationEvent]:
 def test_refusals_publish_nothing(stack) -> None:
     dep, base, _, _ = stack
     body = {"action": "verified", "note": "bank statement line 7", "reviewer": "alice"}
-    assert post(base, OP, body).status_code == 401
-    assert post(base, OP, body, Authorization="Bearer nope").status_code == 401
+    r = post(base, OP, body)
+    assert r.status_code == 401 and "a write token is required" in r.json()["error"]
+    r = post(base, OP, body, Authorization="Bearer nope")
+    assert r.status_code == 401 and "the write token is wrong" in r.json()["error"]
     r = post(base, OP, body, **AUTH, Origin="https://evil.example")
     assert r.status_code == 403 and "cross-site" in r.json()["error"]
     r = post(base, OP, body, **AUTH, **{"Sec-Fetch-Site": "cross-site"})
@@ -268,10 +270,16 @@ def test_cli_errors_are_one_line(stack) -> None:
     _, base, _, _ = stack
     runner = CliRunner()
     args = ["review", OP, "--verified", "--note", "n", "--reviewer", "r", "--console", base]
+    # exit codes as README's table: refused 1, bad setting 3, bad argument 2, unreachable 8
     res = runner.invoke(cli_app, args, env={"VIGIL_CONSOLE_WRITE_TOKEN": "wrong"})
-    assert res.exit_code == 2 and "401" in res.output and "Traceback" not in res.output
+    assert res.exit_code == 1 and "401" in res.output and "Traceback" not in res.output
+    assert "the write token is wrong" in res.output
     res = runner.invoke(cli_app, args, env={"VIGIL_CONSOLE_WRITE_TOKEN": ""})
-    assert res.exit_code == 2 and "VIGIL_CONSOLE_WRITE_TOKEN" in res.output
+    assert res.exit_code == 3 and "VIGIL_CONSOLE_WRITE_TOKEN" in res.output
+    res = runner.invoke(
+        cli_app, [*args[:-1], "127.0.0.1:9"], env={"VIGIL_CONSOLE_WRITE_TOKEN": WRITE}
+    )
+    assert res.exit_code == 2 and "--console" in res.output
     res = runner.invoke(
         cli_app, [*args[:-1], "http://127.0.0.1:9"], env={"VIGIL_CONSOLE_WRITE_TOKEN": WRITE}
     )

@@ -37,7 +37,7 @@ from streams.contracts.models.outputs import (
 )
 from streams.core.approvals import to_verdict
 from streams.kafka.partitioning import partition_of
-from streams.local.scenario import Tick, demo_scenario
+from streams.local.scenario import REFERENCE_AT, Tick, demo_scenario
 from streams.processor import Processor, Stores
 from tests.test_processor import TOPICS, env
 
@@ -77,11 +77,17 @@ def demo_outputs() -> list[Incoming]:
 
 
 DEMO = demo_outputs()
+#: the views' wall clock in these tests: an hour after the scenario's reference time
+NOW = REFERENCE_AT + timedelta(hours=1)
+
+
+def frozen() -> float:
+    return NOW.timestamp()
 
 
 @pytest.fixture
 def view(tmp_path: Path) -> ConsoleView:
-    v = ConsoleView(tmp_path / "console.sqlite3")
+    v = ConsoleView(tmp_path / "console.sqlite3", clock=frozen)
     yield v
     v.close()
 
@@ -209,10 +215,10 @@ def test_the_verdict_carries_action_and_request_time_outside_its_id() -> None:
 
 
 def test_reapplying_is_idempotent(tmp_path: Path) -> None:
-    once = ConsoleView(tmp_path / "a.sqlite3")
+    once = ConsoleView(tmp_path / "a.sqlite3", clock=frozen)
     once.apply(DEMO)
     expected = everything(once)
-    again = ConsoleView(tmp_path / "b.sqlite3")
+    again = ConsoleView(tmp_path / "b.sqlite3", clock=frozen)
     half = len(DEMO) // 2
     again.apply(DEMO[:half])
     again.apply(DEMO)  # the first half again, at the same offsets: skipped by position
@@ -245,7 +251,7 @@ def test_offsets_commit_with_the_rows_or_not_at_all(tmp_path: Path) -> None:
     """A crash between applying rows and committing: neither rows nor offsets remain; the
     records are applied again on restart, once."""
     path = tmp_path / "crash.sqlite3"
-    v = ConsoleView(path)
+    v = ConsoleView(path, clock=frozen)
     half = len(DEMO) // 2
     v.apply(DEMO[:half])
     before = everything(v)
@@ -261,13 +267,13 @@ def test_offsets_commit_with_the_rows_or_not_at_all(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError):
         v.apply(DEMO[half:], before_commit=crash)
     v.close()
-    reopened = ConsoleView(path)  # what a restarted console finds
+    reopened = ConsoleView(path, clock=frozen)  # what a restarted console finds
     assert everything(reopened) == before
     positions = reopened.positions()
     rest = [i for i in DEMO if i.offset >= positions.get((i.topic, i.partition), 0)]
     assert len(rest) == len(DEMO) - half
     reopened.apply(rest)
-    fresh = ConsoleView(tmp_path / "fresh.sqlite3")
+    fresh = ConsoleView(tmp_path / "fresh.sqlite3", clock=frozen)
     fresh.apply(DEMO)
     assert everything(reopened) == everything(fresh)
 
@@ -288,11 +294,11 @@ def test_changes_name_what_changed(view: ConsoleView) -> None:
 
 def test_a_newer_file_version_is_dropped_and_rebuilt(tmp_path: Path) -> None:
     path = tmp_path / "old.sqlite3"
-    v = ConsoleView(path)
+    v = ConsoleView(path, clock=frozen)
     v.apply(DEMO)
     v.execute_write("PRAGMA user_version=999")  # a file written by another console version
     v.close()
-    again = ConsoleView(path)
+    again = ConsoleView(path, clock=frozen)
     assert again.is_empty() and again.query("executions", {}).items == []
 
 
@@ -301,7 +307,7 @@ def test_the_review_log_outlives_a_version_change(tmp_path: Path) -> None:
     from streams.console.review import REVIEW_LOG
 
     path = tmp_path / "old.sqlite3"
-    v = ConsoleView(path)
+    v = ConsoleView(path, clock=frozen)
     v.apply(DEMO)
     v.execute_write(REVIEW_LOG)
     row = ("2026-12-01T00:00:00Z", "ana", "127.0.0.1", "op-1", "exec-1", 1, "take", "n", "x", 202)
@@ -312,7 +318,7 @@ def test_the_review_log_outlives_a_version_change(tmp_path: Path) -> None:
     )
     v.execute_write("PRAGMA user_version=1")  # the tables before ids were scoped
     v.close()
-    again = ConsoleView(path)
+    again = ConsoleView(path, clock=frozen)
     assert again.is_empty()
     assert [r["reviewer"] for r in again.execute_read("SELECT * FROM review_log")] == ["ana"]
 
@@ -365,7 +371,7 @@ rows = st.lists(
     owner=st.none() | st.sampled_from(["RUNTIME_OWNER", "APPROVER"]),
 )
 def test_cursors_walk_every_row_exactly_once(tmp_path_factory, rows, limit, sort, owner) -> None:
-    v = ConsoleView(tmp_path_factory.mktemp("walk") / "v.sqlite3")
+    v = ConsoleView(tmp_path_factory.mktemp("walk") / "v.sqlite3", clock=frozen)
     v.apply(
         [Incoming("vigil.approval-verdicts", 0, i, _verdict(i, *r)) for i, r in enumerate(rows)]
     )
@@ -476,7 +482,7 @@ def test_hostile_params_answer_or_refuse_never_crash(name: str, params: dict[str
         json.dumps(page.to_json())
 
 
-HOSTILE_VIEW = ConsoleView(":memory:")
+HOSTILE_VIEW = ConsoleView(":memory:", clock=frozen)
 HOSTILE_VIEW.apply(DEMO)
 
 
@@ -583,7 +589,7 @@ def api(tmp_path_factory):
     from streams.console.service import ChangeHub, ConsoleContext
     from streams.settings import Settings
 
-    v = ConsoleView(tmp_path_factory.mktemp("api") / "console.sqlite3")
+    v = ConsoleView(tmp_path_factory.mktemp("api") / "console.sqlite3", clock=frozen)
     v.apply(DEMO)
     settings = Settings()
 
@@ -735,7 +741,7 @@ def test_two_executions_using_one_operation_id_have_rows_of_their_own(tmp_path: 
     before ids were scoped, which share an id, still two rows."""
     from tests.test_core_scoped_ids import issue_case
 
-    v = ConsoleView(tmp_path / "v.sqlite3")
+    v = ConsoleView(tmp_path / "v.sqlite3", clock=frozen)
     records = [r for outputs in issue_case().values() for r in outputs]
     old = "wi-efc461527188cbc977926975"  # the one id 83a7350 gave both
     for r in list(records):
@@ -754,4 +760,25 @@ def test_two_executions_using_one_operation_id_have_rows_of_their_own(tmp_path: 
         assert page is not None
         assert [o["execution_id"] for o in page["operations"]] == [execution_id]
         assert {i["execution_id"] for i in page["work_items"]} == {execution_id}
+    v.close()
+
+
+def test_ages_are_measured_from_now_not_from_the_newest_record(tmp_path: Path) -> None:
+    """A quiet fleet: nothing new for an hour after the newest record. An approval's age
+    and the answer's ``now`` go on with the wall clock; ``event_time`` stays the newest
+    record's."""
+    clock = [NOW.timestamp()]
+    v = ConsoleView(tmp_path / "quiet.sqlite3", clock=lambda: clock[0])
+    v.apply(DEMO)
+    first = v.query("approvals", {"limit": "500"})
+    clock[0] += 9 * 60
+    later = v.query("approvals", {"limit": "500"})
+    newest = datetime.fromisoformat(first.as_of["event_time"])
+    assert newest < NOW
+    assert datetime.fromisoformat(later.as_of["now"]) == NOW + timedelta(minutes=9)
+    assert later.as_of["event_time"] == first.as_of["event_time"]
+    for before, after in zip(first.items, later.items, strict=True):
+        started = datetime.fromisoformat(after["started_at"])
+        assert after["age_seconds"] == (NOW + timedelta(minutes=9) - started).total_seconds()
+        assert after["age_seconds"] - before["age_seconds"] == 9 * 60
     v.close()

@@ -3,9 +3,11 @@ worker subprocess; garbage lands on the dead-letter topic and the worker carries
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import Schema
@@ -160,6 +162,10 @@ def test_demo_stops_everything_it_started_on_ctrl_c(cluster, tmp_path: Path) -> 
         out += proc.stdout.read() or b""
         time.sleep(0.3)
     assert b"Playing the scenario" in out, out.decode()[-2000:]
+    # the worker API's address is printed, and it answers there
+    api = re.search(rb"Worker API:\s+(http://127\.0\.0\.1:\d+)", out)
+    assert api is not None, out.decode()[-2000:]
+    assert httpx.get(api.group(1).decode() + "/metrics", timeout=10).status_code == 200
     time.sleep(3)
     workers_before = _demo_workers(tmp_path)
     assert workers_before, "the demo's worker should be running"

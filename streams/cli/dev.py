@@ -32,7 +32,7 @@ dev_app = typer.Typer(
 )
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 def _show_progress() -> None:

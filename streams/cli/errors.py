@@ -69,6 +69,12 @@ class BadArgument(CliError):
     code = ExitCode.USAGE
 
 
+class BadSetting(CliError):
+    """An environment variable (named in the message) is missing or unusable."""
+
+    code = ExitCode.SETTING
+
+
 class UnknownTopic(CliError):
     code = ExitCode.TOPIC
 
@@ -84,6 +90,24 @@ class KafkaUnreachable(CliError):
 
 class ServiceUnreachable(CliError):
     code = ExitCode.SERVICE
+
+
+def refused_by(service: str, status: int, message: str) -> CliError:
+    """A service's HTTP refusal as the error of its kind: what the request asked was refused
+    or not found (401, 403, 404, 409: exit 1), the request itself was bad (400, 415, 422:
+    exit 2), the service failed (5xx: exit 8)."""
+    line = f"{service} answered {status}: {message}"
+    if status >= 500:
+        return ServiceUnreachable(line)
+    if status in (400, 415, 422):
+        return BadArgument(line)
+    return CliError(line, ExitCode.REFUSED)
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line: a newline inside an exception's text (a server's answer, a
+    log tail) would split the one line a script reads."""
+    return " ".join(message.split())
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +135,7 @@ def render_validation_error(exc: Any) -> str:
 def explain(exc: BaseException) -> Explained:
     """The line and exit code for ``exc``; an exception not recognised is INTERNAL."""
     if isinstance(exc, CliError):
-        return Explained(str(exc), exc.code)
+        return Explained(one_line(str(exc)), exc.code)
     if isinstance(exc, KeyboardInterrupt):
         return Explained("interrupted", ExitCode.INTERRUPTED)
     from streams.settings import SettingsError

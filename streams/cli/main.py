@@ -29,6 +29,7 @@ from streams.cli.errors import (
     ServiceUnreachable,
     UnknownTopic,
     explain,
+    one_line,
 )
 from streams.cli.options import BootstrapOpt, RegistryOpt, codec_for, settings_from_flags
 from streams.settings import Settings
@@ -56,7 +57,7 @@ class _ErrorBoundary(TyperGroup):
             explained = explain(exc)
             if _debug():
                 traceback.print_exception(exc)
-            typer.echo(f"error: {explained.message}", err=True)
+            typer.echo(f"error: {one_line(explained.message)}", err=True)
             raise typer.Exit(int(explained.code)) from None
 
 
@@ -143,7 +144,7 @@ def _require_cluster(settings: Settings, *, inputs: bool = False) -> None:
 topics_app = typer.Typer(help="Create and inspect the topic catalogue.", no_args_is_help=True)
 app.add_typer(topics_app, name="topics")
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 out = Console()
 
 _mounted = False
@@ -758,29 +759,33 @@ def review_cmd(
 ) -> None:
     """Record what the source says about an operation, through the console: publishes one
     OperationEvent from a human source, which the pipeline applies like any other fact.
-    Needs the console's write token in VIGIL_CONSOLE_WRITE_TOKEN. Refused (exit 1) when the
-    pipeline would not apply it, e.g. settling an operation already VERIFIED."""
+    Needs the console's write token in VIGIL_CONSOLE_WRITE_TOKEN (exit 3 when it is not set).
+    Refused (exit 1) when the token is wrong, the operation is not known or the pipeline would
+    not apply it, e.g. settling an operation already VERIFIED; exit 2 for a bad argument
+    (an --console that is not an http(s) address), 8 when the console cannot be reached."""
     import os
+    from urllib.parse import quote
 
     import httpx
 
+    from streams.cli.api import required_id, service_url
+    from streams.cli.errors import BadSetting, refused_by
+
     actions = [a for a, on in (("take", take), ("verified", verified), ("failed", failed)) if on]
     if len(actions) != 1:
-        console.print("[red]error:[/red] give exactly one of --take, --verified, --failed")
-        raise typer.Exit(2)
+        raise BadArgument("give exactly one of --take, --verified, --failed")
     if not note.strip() or not reviewer.strip():
-        console.print("[red]error:[/red] --note and --reviewer are required")
-        raise typer.Exit(2)
+        raise BadArgument("--note and --reviewer are required")
+    base = service_url("--console", console_url)
+    op = quote(required_id("operation id", operation_id), safe="")
     token = os.environ.get("VIGIL_CONSOLE_WRITE_TOKEN")
     if not token:
-        console.print("[red]error:[/red] VIGIL_CONSOLE_WRITE_TOKEN is not set")
-        raise typer.Exit(2)
-    from urllib.parse import quote
-
-    base = console_url.rstrip("/")
-    op = quote(operation_id, safe="")
+        raise BadSetting(
+            "VIGIL_CONSOLE_WRITE_TOKEN is not set: reviews need the console's write token"
+        )
     if execution is not None:
-        url = f"{base}/api/executions/{quote(execution, safe='')}/operations/{op}/review"
+        scoped = quote(required_id("--execution", execution), safe="")
+        url = f"{base}/api/executions/{scoped}/operations/{op}/review"
     else:
         url = f"{base}/api/operations/{op}/review"
     body = {"action": actions[0], "note": note, "reviewer": reviewer, "attempt": attempt}
@@ -794,8 +799,7 @@ def review_cmd(
         answer = {"error": resp.text[:300]}
     if resp.status_code >= 400 or not isinstance(answer, dict):
         message = answer.get("error", resp.text[:300]) if isinstance(answer, dict) else answer
-        console.print(f"[red]{resp.status_code}[/red] {message}")
-        raise typer.Exit(1 if resp.status_code in (404, 409) else 2)
+        raise refused_by(f"the console at {console_url}", resp.status_code, str(message))
     out.print(
         f"{answer.get('kind')} of {operation_id} attempt {answer.get('attempt')}: "
         f"{answer.get('message')} (event {answer.get('event_id')})",
@@ -830,8 +834,9 @@ def demo(
     Starts the local broker and registry (unless KAFKA_BOOTSTRAP_SERVERS is set), creates
     topics, runs a worker and the operator console, plays the reference audit, a connector
     timeout reconciled later, a forbidden retry and a normal execution (moved in time to end
-    now), and shows verdicts, work items and alerts as they arrive. Ends by printing the
-    console's address (and a write token for manual review); Ctrl-C stops all it started.
+    now), and shows verdicts, work items and alerts as they arrive. Prints the worker API's
+    address once the worker is ready; ends by printing the console's address (and a write
+    token for manual review) and the worker API's again; Ctrl-C stops all it started.
     With --agent, a LangGraph graph, an OpenAI Agents SDK agent or an MCP client session runs
     instead and vigil judges its waits and tool calls.
     """

@@ -28,7 +28,7 @@ schemas_app = typer.Typer(
     no_args_is_help=True,
 )
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 RegistryOpt = Annotated[
     str | None,

@@ -84,9 +84,13 @@ def _params(request: web.Request) -> dict[str, str]:
 
 
 def _with_lag(ctx: ConsoleContext, body: dict[str, Any]) -> dict[str, Any]:
+    """``as_of`` with the lag and the view's freshness: ``fresh_at``, when the view last held
+    every record the topics held (wall clock; None while catching up), and ``now``, the
+    server's wall clock that ages are measured from."""
     as_of = body.get("as_of")
     if isinstance(as_of, dict):
         as_of["lag"] = ctx.total_lag()
+        as_of["fresh_at"] = ctx.fresh_at()
     return body
 
 
@@ -142,7 +146,7 @@ def create_app(ctx: ConsoleContext) -> web.Application:
                 "lag": total,
                 "caught_up": total == 0,
                 "consumer_alive": ctx.status.alive(),
-                "as_of": await asyncio.to_thread(view.as_of),
+                "as_of": _with_lag(ctx, {"as_of": await asyncio.to_thread(view.as_of)})["as_of"],
             }
         )
 

@@ -409,15 +409,20 @@ def register_review(app: web.Application, ctx: ConsoleContext) -> None:
                     "status": 403,
                 },
             )
-        if not write_allowed(request.headers.get("Authorization", ""), ctx.write_token):
-            log.warning("review refused (no or wrong write token) from %s", request.remote)
-            return reply(
-                401,
-                {
-                    "error": "a write token is required (Authorization: Bearer <token>)",
-                    "status": 401,
-                },
+        authorization = request.headers.get("Authorization", "")
+        if not write_allowed(authorization, ctx.write_token):
+            given = authorization.startswith("Bearer ") and authorization[7:].strip()
+            log.warning(
+                "review refused (%s write token) from %s",
+                "wrong" if given else "no",
+                request.remote,
             )
+            error = (
+                "the write token is wrong: it is not this console's VIGIL_CONSOLE_WRITE_TOKEN"
+                if given
+                else "a write token is required (Authorization: Bearer <token>)"
+            )
+            return reply(401, {"error": error, "status": 401})
         if request.content_type != "application/json":
             return reply(415, {"error": "the body must be application/json", "status": 415})
         try:

@@ -19,10 +19,11 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from streams.console.settings import ConsoleSettings
 from streams.console.view import Change, ConsoleView, Incoming
@@ -42,6 +43,31 @@ T = TypeVar("T")
 BATCH = 2000
 #: How often the log end offsets are asked of the broker for the lag.
 WATERMARK_INTERVAL = 2.0
+#: reads of the log ends kept for freshness: about a minute at WATERMARK_INTERVAL
+FRESHNESS_CHECKS = 32
+
+
+class EndsCheck(NamedTuple):
+    """The log end of every partition, read at wall-clock ``at`` (seconds)."""
+
+    at: float
+    ends: dict[tuple[str, int], int]
+
+
+def fresh_as_of(checks: Iterable[EndsCheck], positions: dict[tuple[str, int], int]) -> float | None:
+    """When the view was last known complete: the newest read of the log ends that the view's
+    positions have all reached (it holds every record the topics held then). None when it
+    reached none of those kept (still catching up, or no end read yet).
+
+    This is the view's freshness, in wall-clock time, where the newest record's event time
+    is not: on a quiet fleet that stands still while the view stays complete."""
+    newest = None
+    for check in checks:
+        if all(positions.get(tp, 0) >= end for tp, end in check.ends.items()):
+            newest = check.at if newest is None else max(newest, check.at)
+    return newest
+
+
 #: How often the records applied are logged (while there are any).
 REPORT_INTERVAL = 5.0
 
@@ -138,6 +164,17 @@ class ConsumerStatus:
     beat: float = 0.0
     error: str | None = None
     thread: threading.Thread | None = None
+    #: the latest reads of every log end: (wall-clock seconds, the ends then), oldest first
+    checks: deque[EndsCheck] = field(default_factory=lambda: deque(maxlen=FRESHNESS_CHECKS))
+
+    def note_ends(self, at: float) -> None:
+        """Every partition's end was just read (at wall-clock ``at``): kept for freshness."""
+        if self.log_end and all(end >= 0 for end in self.log_end.values()):
+            self.checks.append(EndsCheck(at, dict(self.log_end)))
+
+    def fresh_at(self, positions: dict[tuple[str, int], int]) -> float | None:
+        """The view's freshness (``fresh_as_of``) over the latest reads of the log ends."""
+        return fresh_as_of(self.checks, positions)
 
     def alive(self, stale_after: float = 30.0) -> bool:
         return (
@@ -385,6 +422,8 @@ class ConsoleConsumer:
         c = self._consumer()
         try:
             while True:
+                # read before the ends: a record on the topics at this instant is below them
+                checked = time.time()
                 for t, p in list(self.status.log_end):
                     try:
                         _, high = c.get_watermark_offsets(
@@ -393,6 +432,7 @@ class ConsoleConsumer:
                     except Exception:  # unreachable or no leader yet: keep the last value
                         continue
                     self.status.log_end[(t, p)] = high
+                self.status.note_ends(checked)
                 if self.stop.wait(WATERMARK_INTERVAL):
                     return
         finally:
@@ -421,6 +461,19 @@ class ConsoleContext:
 
     def lag(self) -> list[dict[str, Any]]:
         return self.status.lag(self.view.positions())
+
+    def fresh_at(self) -> str | None:
+        """The view's freshness as ISO-8601 (``fresh_as_of``), None while not known."""
+        from datetime import UTC, datetime
+
+        at = self.status.fresh_at(self.view.positions())
+        if at is None:
+            return None
+        return (
+            datetime.fromtimestamp(at, UTC)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z")
+        )
 
     def total_lag(self) -> int | None:
         rows = self.lag()

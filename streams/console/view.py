@@ -21,6 +21,7 @@ import binascii
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -425,8 +426,10 @@ class ConsoleView:
     any thread, each with its own connection (WAL: readers see the last committed batch and
     never wait for the writer)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, clock: Callable[[], float] = time.time) -> None:
+        """``clock``: wall-clock seconds, what ages are measured from (a test gives its own)."""
         self.path = str(path)
+        self._clock = clock
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._write_lock = threading.Lock()
@@ -690,11 +693,19 @@ class ConsoleView:
             )
         }
         row = db.execute("SELECT value FROM meta WHERE key = 'event_time_ms'").fetchone()
-        return {"offsets": offsets, "event_time": _iso(int(row[0])) if row else None}
+        return {
+            "offsets": offsets,
+            # the newest record's event time: how far the pipeline's stream time has come
+            "event_time": _iso(int(row[0])) if row else None,
+            # the instant ages in this answer are measured from
+            "now": _iso(self._now_ms(db)),
+        }
 
-    def _now_ms(self, db: sqlite3.Connection) -> int | None:
-        row = db.execute("SELECT value FROM meta WHERE key = 'event_time_ms'").fetchone()
-        return int(row[0]) if row else None
+    def _now_ms(self, db: sqlite3.Connection) -> int:
+        """Now, on the wall clock: an age is how long something has lasted until now, which
+        goes on while the fleet is quiet (the newest record's event time would stand
+        still)."""
+        return int(self._clock() * 1000)
 
     def as_of(self) -> dict[str, Any]:
         return self._as_of(self._reader())

@@ -34,16 +34,18 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from streams.contracts.codec import AvroCodec, RegistryConfig
 from streams.contracts.models.base import Record
+from streams.contracts.models.enums import WorkItemKind
 from streams.contracts.models.outputs import (
     Alert,
     Anomaly,
@@ -65,8 +67,14 @@ from streams.settings import Settings
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def describe(record: Record) -> tuple[str, str, str, str] | None:
-    """(time, what, subject, detail) for a terminal line; None for records not shown live."""
+def describe(
+    record: Record, work_items: Mapping[str, ReconciliationWorkItem] | None = None
+) -> tuple[str, str, str, str] | None:
+    """(time, what, subject, detail) for a terminal line; None for records not shown live.
+
+    ``work_items`` (the work items seen so far, by id) lets a resolution name what it ends:
+    the attempt's UNKNOWN (a reply timeout) or overdue verification, not only the outcome
+    that settled it."""
     match record:
         case ApprovalVerdict():
             detail = f"{record.verdict} → {record.owner}: {record.next_step}"
@@ -79,11 +87,18 @@ def describe(record: Record) -> tuple[str, str, str, str] | None:
                 f"{record.kind}: reconcile against the source, never retry blindly",
             )
         case WorkItemResolution():
+            item = (work_items or {}).get(record.work_item_id)
+            ended = (
+                f"{_ENDS.get(item.kind, str(item.kind))} ({item.kind} work item)"
+                if item is not None
+                else f"work item {record.work_item_id}"
+            )
             return (
                 _t(record.resolved_at),
                 "resolved",
                 record.operation_id,
-                f"{record.outcome} by {record.evidence_source}",
+                f"ends attempt {record.attempt}'s {ended}: settled {record.outcome} "
+                f"by {record.evidence_source}",
             )
         case Alert():
             return (
@@ -102,6 +117,14 @@ def describe(record: Record) -> tuple[str, str, str, str] | None:
             )
         case ExecutionState() if record.terminal:
             return _t(record.last_event_at), "execution", record.execution_id, str(record.status)
+        case ExecutionState():
+            return (
+                _t(record.last_event_at),
+                "execution",
+                record.execution_id,
+                f"{record.status} since {_t(record.since)}; open: "
+                + _open(record.open_operation_ids, record.open_approval_ids),
+            )
         case Anomaly():
             return _t(record.detected_at), "anomaly", record.execution_id or "-", record.reason
         case DeadLetter():
@@ -111,6 +134,40 @@ def describe(record: Record) -> tuple[str, str, str, str] | None:
 
 def _t(value: datetime) -> str:
     return value.strftime("%H:%M:%S")
+
+
+#: what the attempt of a work item of each kind was until its resolution
+_ENDS = {
+    WorkItemKind.REPLY_TIMEOUT: "UNKNOWN",
+    WorkItemKind.VERIFICATION_TIMEOUT: "overdue verification",
+}
+
+
+def _open(operations: tuple[str, ...], approvals: tuple[str, ...]) -> str:
+    """An execution's open operations and approvals, named (the first few of each)."""
+
+    def named(ids: tuple[str, ...], noun: str) -> str:
+        shown = ", ".join(ids[:3]) + (f", +{len(ids) - 3} more" if len(ids) > 3 else "")
+        return f"{len(ids)} {noun}{'' if len(ids) == 1 else 's'}" + (f" ({shown})" if ids else "")
+
+    if not operations and not approvals:
+        return "nothing"
+    return "; ".join(
+        named(ids, noun)
+        for ids, noun in ((operations, "operation"), (approvals, "approval"))
+        if ids
+    )
+
+
+def feed_line(line: tuple[str, str, str, str]) -> str:
+    """A ``describe`` line as rich markup: ids and details printed as written (a reason in
+    brackets is text, not a style)."""
+    at, what, subject, detail = line
+    style = STYLE.get(what, "white")
+    return (
+        f"[dim]{at}[/dim] [{style}]{what:<14}[/{style}] "
+        f"[bold]{escape(subject):<20}[/bold] {escape(detail)}"
+    )
 
 
 STYLE = {
@@ -157,7 +214,9 @@ def run_demo(
     create_topics(settings)
     prepare_registry(settings, codec)
     console.print(f"Topics [bold]{settings.topic_prefix}.*[/bold] created.")
-    worker = _start_worker(settings, workdir)
+    api_port = _free_port()
+    api_url = f"http://127.0.0.1:{api_port}"
+    worker = _start_worker(settings, workdir, api_port)
     write_token = secrets.token_urlsafe(16)
     ui_port = _free_port()
     ui = _start_console(settings, workdir, ui_port, write_token)
@@ -173,6 +232,7 @@ def run_demo(
     producer: RecordProducer | None = None
     try:
         _wait_ready(worker, workdir / "worker.log", console)
+        console.print(f"[bold]Worker API:[/bold] {api_url}  (vigil status ID --url {api_url})")
         reader.start()
         producer = RecordProducer(settings, codec)
         if agent is not None:
@@ -206,6 +266,8 @@ def run_demo(
             f"\n[bold]Console:[/bold] {url}"
             + ("" if caught_up else " (still catching up)")
             + f"\n  write token for manual review: {write_token}"
+            + f"\n[bold]Worker API:[/bold] {api_url}  (vigil status ID --url {api_url}, "
+            f"vigil watch ID --url {api_url})"
         )
         if not serve:
             return 0
@@ -405,8 +467,9 @@ def _wait_reconciled(
     )
 
 
-def _start_worker(settings: Settings, workdir: Path) -> subprocess.Popen[bytes]:
-    args = ["worker", "--web-port", str(_free_port()), "--data-dir", str(workdir / "data")]
+def _start_worker(settings: Settings, workdir: Path, port: int) -> subprocess.Popen[bytes]:
+    """``vigil worker`` on the demo's topics, its HTTP API on ``port``."""
+    args = ["worker", "--web-port", str(port), "--data-dir", str(workdir / "data")]
     return _spawn(args, _child_env(settings), workdir / "worker.log")
 
 
@@ -444,6 +507,7 @@ def _show(
 ) -> None:
     names = [t.name for t in topics.outputs()]
     ids: set[str] = set()
+    work_items: dict[str, ReconciliationWorkItem] = {}
     while not stop.is_set():
         for r in consume(settings, codec, names, from_beginning=True, idle_timeout=0.5):
             if r.record is None:
@@ -453,14 +517,11 @@ def _show(
                 continue
             ids.add(key)
             seen.append(r.record)
-            line = describe(r.record)
+            if isinstance(r.record, ReconciliationWorkItem):
+                work_items[r.record.work_item_id] = r.record
+            line = describe(r.record, work_items)
             if line:
-                at, what, subject, detail = line
-                style = STYLE.get(what, "white")
-                console.print(
-                    f"[dim]{at}[/dim] [{style}]{what:<14}[/{style}] "
-                    f"[bold]{subject:<20}[/bold] {detail}"
-                )
+                console.print(feed_line(line), highlight=False)
         time.sleep(0.2)
 
 

@@ -53,9 +53,15 @@ def execution_view(
     thresholds_for: Callable[[ap.ApprovalFacts], ap.ThresholdSet],
     links: Any = None,
 ) -> dict[str, Any] | None:
-    """None when vigil knows nothing of the execution. ``links``: what the claims join told
-    it of other executions' attempts (``streams.core.cross``), in its operations' verdicts as
-    in the published states."""
+    """None when vigil knows nothing of the execution.
+
+    ``in_flight`` is true while the execution is not closed and something of it is open: its
+    status slot is in flight, or (no status event seen: ``status`` None, ``status_known``
+    false) an approval wait or an operation of it is still open. An execution known only by
+    an open approval is in flight with its status unknown, never shown as closed.
+
+    ``links``: what the claims join told it of other executions' attempts
+    (``streams.core.cross``), in its operations' verdicts as in the published states."""
     slot = ex.load_slot(inflight) if inflight is not None else None
     if slot is None and closed is not None:
         slot = ex.load_slot(closed)
@@ -64,7 +70,22 @@ def execution_view(
     abook = ap.ApprovalBook.model_validate_json(approvals) if approvals else None
     if slot is None and book is None and abook is None:
         return None
-    view: dict[str, Any] = {"execution_id": None, "status": None, "in_flight": False}
+    view: dict[str, Any] = {
+        "execution_id": None,
+        "status": None,
+        "status_known": slot is not None,
+        "in_flight": False,
+        "open_operation_ids": [],
+        "open_approval_ids": [],
+    }
+    if slot is None:
+        opened = ops.open_operation_ids(book)
+        waiting = ap.open_request_ids(abook) if abook else ()
+        view |= {
+            "in_flight": bool(opened or waiting),
+            "open_operation_ids": list(opened),
+            "open_approval_ids": list(waiting),
+        }
     if isinstance(slot, ex.InFlight):
         view |= {
             "execution_id": slot.execution_id,
@@ -74,6 +95,8 @@ def execution_view(
             "first_seen_at": _iso(slot.first_seen_at),
             "last_event_at": _iso(slot.last_event_at),
             "last_sequence": slot.last_sequence,
+            "open_operation_ids": list(slot.open_operation_ids),
+            "open_approval_ids": list(slot.open_approval_ids),
         }
     elif isinstance(slot, ex.Closed):
         view |= {

@@ -17,6 +17,8 @@ const state = {
   alerts: [],
   summary: null,
   eventTime: null,
+  freshAt: null,
+  skewMs: 0,
   lag: null,
   filters: { owner: "", kind: "", text: "" },
   truncated: false,
@@ -60,9 +62,15 @@ function fmtDuration(ms) {
   if (s || !parts.length) parts.push(s + "s");
   return (neg ? "-" : "") + parts.slice(0, 2).join(" ");
 }
+function nowMs() {
+  // Now on the server's wall clock (this browser's clock, corrected by the skew the last
+  // answer showed): ages go on while the fleet is quiet.
+  return Date.now() + state.skewMs;
+}
 function age(iso) {
-  if (!iso || !state.eventTime) return null;
-  return new Date(state.eventTime).getTime() - new Date(iso).getTime();
+  if (!iso) return null;
+  const t = new Date(iso).getTime();
+  return Number.isNaN(t) ? null : nowMs() - t;
 }
 
 // ---------- tokens ----------
@@ -117,8 +125,16 @@ async function api(path, options = {}) {
   return body;
 }
 function noteAsOf(body) {
-  const t = body && body.as_of && body.as_of.event_time;
+  // event_time: the newest record's time (the stream time); fresh_at: when the view last
+  // held every record the topics held (its freshness, what "as of" says); now: the
+  // server's clock, ages are measured from it.
+  const asOf = body && body.as_of;
+  if (!asOf) return;
+  const t = asOf.event_time;
   if (t && (!state.eventTime || new Date(t) > new Date(state.eventTime))) state.eventTime = t;
+  if ("fresh_at" in asOf) state.freshAt = asOf.fresh_at;
+  const now = asOf.now ? new Date(asOf.now).getTime() : NaN;
+  if (!Number.isNaN(now)) state.skewMs = now - Date.now();
 }
 async function listAll(path) {
   const items = [];
@@ -272,9 +288,9 @@ function attentionItems() {
         ["work item", o.open_work_item_id]],
     });
   }
-  const now = state.eventTime ? new Date(state.eventTime).getTime() : null;
+  const now = nowMs();
   for (const w of state.workItems) {
-    if (now === null || new Date(w.deadline).getTime() > now) continue; // only overdue ones
+    if (new Date(w.deadline).getTime() > now) continue; // only overdue ones
     items.push({
       kind: "work_item", id: w.work_item_id, executionId: w.execution_id,
       owner: w.owner || opOwner[scopedKey(w.execution_id, w.operation_id)] || "OPERATOR",
@@ -352,7 +368,8 @@ function renderItem(i) {
       el("span", { class: "badge" + (i.bad ? " bad" : "") }, i.label),
       el("span", { class: "id" }, i.id),
       el("a", { href: `#/executions/${encodeURIComponent(i.executionId)}` }, i.executionId),
-      el("span", { class: "muted" }, `since ${fmtTime(i.since)}` + (ago !== null ? ` (${fmtDuration(ago)} ago)` : ""))),
+      el("span", { class: "muted" }, `since ${fmtTime(i.since)} `,
+        el("span", { class: "age", "data-since": i.since }, ago !== null ? `(${fmtDuration(ago)} ago)` : ""))),
     el("dl", {},
       el("dt", {}, "next step"), el("dd", { class: "next-step" }, i.nextStep || "—"),
       i.proofs.length ? [el("dt", {}, "failed proofs"), el("dd", {}, el("ul", { class: "proofs" },
@@ -452,7 +469,13 @@ function renderFleet(main) {
 function renderFreshness() {
   const f = $("freshness");
   const lag = state.lag === null ? "—" : state.lag;
-  f.textContent = `as of ${fmtTime(state.eventTime)} · lag ${lag}`;
+  const asOf = state.freshAt ? fmtTime(state.freshAt) : "— (catching up)";
+  f.textContent = `as of ${asOf} · lag ${lag} · stream time ${fmtTime(state.eventTime)}`;
+  // ages go on between renders: each is measured from now again
+  for (const span of document.querySelectorAll(".age[data-since]")) {
+    const ago = age(span.dataset.since);
+    span.textContent = ago !== null ? `(${fmtDuration(ago)} ago)` : "";
+  }
   f.classList.toggle("behind", typeof state.lag === "number" && state.lag > 0);
 }
 
