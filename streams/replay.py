@@ -50,6 +50,8 @@ class ReplaySummary:
     held: int = 0
     #: retry links the in-process claims join decided (blind retries across executions)
     retry_links: int = 0
+    #: whether the replay ran the claims join (one process replaying every partition)
+    joined: bool = False
     seconds: float = 0.0
     output_topics: tuple[str, ...] = ()
     processes: int = 1
@@ -361,6 +363,7 @@ def replay_partitions(
     summary.dead_letters = processor.counters.dead_letters
     summary.held = processor.held()
     summary.retry_links = join.links if join is not None else 0
+    summary.joined = join is not None
     return summary
 
 

@@ -230,7 +230,7 @@ def test_a_replay_gives_the_live_alert_and_held_states(one_worker: dict[str, Any
         show_progress=False,
         processes=1,
     )
-    assert summary.retry_links > 0 and summary.dead_letters == 0
+    assert summary.joined and summary.retry_links > 0 and summary.dead_letters == 0
     names = {dep.topics.alerts.name, dep.topics.operation_state.name}
     replayed = [n + "-replay" for n in sorted(names)]
     assert set(replayed) <= set(summary.output_topics)
