@@ -135,8 +135,9 @@ class Processor:
         on redelivery detection: the input positions each execution applied are kept in its
         entry until the committed offset passes them. ``max_entry_bytes``: the largest an
         execution's packed entry may grow to by an input (``_apply``). ``cross_execution`` (the
-        live worker) turns on the join of attempts across executions (``streams.core.claims``):
-        claims and progress published, retry links applied (``_on_link``)."""
+        live worker, and a replay, which runs the join in-process: ``streams/local_join.py``)
+        turns on the join of attempts across executions (``streams.core.claims``): claims and
+        progress published, retry links applied (``_on_link``)."""
         self.topics = topics
         self.stores = stores
         self.state = ExecutionStore(stores.executions)
@@ -182,6 +183,8 @@ class Processor:
         #: topic, and the partitions that published claims since
         self._progress_sent: dict[int, int] = {}
         self._claimed: set[int] = set()
+        #: per input partition, its latest watermark (what ``publish_progress`` tells)
+        self._watermarks: dict[int, int] = {}
 
     @classmethod
     def from_settings(
@@ -610,13 +613,32 @@ class Processor:
             )
             self._claimed.add(self.partition_of(execution_id))
 
-    def _progress(self, partition: int, watermark_ms: int, out: list[Emission]) -> None:
+    def publish_progress(self) -> list[Emission]:
+        """Progress for every input partition whose latest watermark is not told yet, however
+        little it moved: what a replay publishes once its last input is handled, so that the
+        join decides everything the watermark passed (live, the ticks keep it moving)."""
+        out: list[Emission] = []
+        if self.cross_execution:
+            for partition, watermark_ms in sorted(self._watermarks.items()):
+                self._progress(partition, watermark_ms, out, every=True)
+        return out
+
+    def _progress(
+        self, partition: int, watermark_ms: int, out: list[Emission], every: bool = False
+    ) -> None:
         """Tell every claims partition how far this partition's claims are complete: after
-        claims, at the next watermark; else at most once a second of event time."""
+        claims, at the next watermark; else at most once a second of event time (``every``:
+        whenever it moved)."""
+        self._watermarks[partition] = watermark_ms
         last = self._progress_sent.get(partition)
         if last is not None and watermark_ms <= last:
             return
-        if partition not in self._claimed and last is not None and watermark_ms - last < 1000:
+        if (
+            not every
+            and partition not in self._claimed
+            and last is not None
+            and watermark_ms - last < 1000
+        ):
             return
         self._claimed.discard(partition)
         self._progress_sent[partition] = watermark_ms

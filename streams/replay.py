@@ -35,6 +35,7 @@ from streams.contracts.models.events import ClockTick
 from streams.kafka.admin import create_topics, prepare_registry
 from streams.kafka.clients import RecordProducer
 from streams.kafka.topics import Topics
+from streams.local_join import LocalJoin, route
 from streams.processor import Emission, Processor, Stores
 from streams.settings import Settings
 
@@ -47,6 +48,10 @@ class ReplaySummary:
     anomalies: int = 0
     dead_letters: int = 0
     held: int = 0
+    #: retry links the in-process claims join decided (blind retries across executions)
+    retry_links: int = 0
+    #: whether the replay ran the claims join (one process replaying every partition)
+    joined: bool = False
     seconds: float = 0.0
     output_topics: tuple[str, ...] = ()
     processes: int = 1
@@ -60,6 +65,7 @@ class ReplaySummary:
         self.anomalies += other.anomalies
         self.dead_letters += other.dead_letters
         self.held += other.held
+        self.retry_links += other.retry_links
 
 
 def _ms(t: datetime) -> int:
@@ -193,6 +199,29 @@ def run_replay(
     return summary
 
 
+def replay_processor(
+    out_settings: Settings, partitions: Collection[int] | None
+) -> tuple[Processor, LocalJoin | None]:
+    """The processor a replay of ``partitions`` (``None``: all) runs, writing to the topics of
+    ``out_settings``, and the claims join it runs in-process (``streams/local_join.py``; its
+    emissions go through ``route``). The join needs every partition's claims, so only a
+    process that replays them all runs it; a share of them runs without (None)."""
+    # Write-behind with a flush every few thousand records: each execution's state is parsed
+    # and dumped once per flush, not once per record (nothing is redelivered in a replay).
+    joined = partitions is None or set(range(out_settings.partitions)) <= set(partitions)
+    processor = Processor.from_settings(
+        out_settings,
+        Topics.from_settings(out_settings),
+        Stores(),
+        write_behind=True,
+        cross_execution=joined,
+    )
+    if not joined:
+        return processor, None
+    grace_ms = out_settings.claims_grace // timedelta(milliseconds=1)
+    return processor, LocalJoin(out_settings.partitions, grace_ms)
+
+
 def replay_partitions(
     settings: Settings,
     codec: AvroCodec,
@@ -206,10 +235,7 @@ def replay_partitions(
     """Replay the given partitions (``None``: all) of every input topic, in this process."""
     inputs = Topics.from_settings(settings)
     out_settings = replace(settings, output_suffix=output_suffix)
-    outputs = Topics.from_settings(out_settings)
-    # Write-behind with a flush every few thousand records: each execution's state is parsed
-    # and dumped once per flush, not once per record (nothing is redelivered in a replay).
-    processor = Processor.from_settings(out_settings, outputs, Stores(), write_behind=True)
+    processor, join = replay_processor(out_settings, partitions)
     allowed = {t.name: t.value_types for t in inputs.inputs()}
     producer = RecordProducer(out_settings, codec, **{"linger.ms": REPLAY_LINGER_MS})
     summary = ReplaySummary()
@@ -250,6 +276,8 @@ def replay_partitions(
         consumer.assign(assignment)
 
         def emit(emissions: list[Emission]) -> None:
+            if join is not None:
+                emissions = route(processor, join, emissions)
             for em in emissions:
                 producer.send_emission(em)
                 summary.outputs_by_topic[em.topic] = summary.outputs_by_topic.get(em.topic, 0) + 1
@@ -319,6 +347,9 @@ def replay_partitions(
             # same for every replay of this range.
             for env in end_ticks(inputs, partitions, end, settings.allowed_lateness):
                 emit(processor.handle(env))
+        # What the last watermarks passed, told to the join even where they moved less than
+        # the progress interval: nothing comes after, so nothing else would.
+        emit(processor.publish_progress())
         processor.flush()
         processor.flush_clocks()
         producer.flush()
@@ -331,6 +362,8 @@ def replay_partitions(
     summary.anomalies = sum(processor.counters.anomalies.values())
     summary.dead_letters = processor.counters.dead_letters
     summary.held = processor.held()
+    summary.retry_links = join.links if join is not None else 0
+    summary.joined = join is not None
     return summary
 
 

@@ -2,8 +2,9 @@
 (docs/rules.md#blind-retries-across-executions): two executions in different partitions send
 with the same connector and idempotency key. A's send times out (UNKNOWN), then B sends: one
 FORBIDDEN_RETRY alert naming both executions, and both operation states FORBIDDEN, held by the
-other execution's attempt. The same outputs with the partitions split between two workers.
-A's attempt FAILED before B sends: no alert, no hold."""
+other execution's attempt. The same outputs with the partitions split between two workers, and
+from a replay of the inputs (the join in-process). A's attempt FAILED before B sends: no alert,
+no hold."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from streams.contracts.models.enums import (
 from streams.contracts.models.events import OperationEvent
 from streams.contracts.models.outputs import Alert, ClaimsProgress, OperationState
 from streams.kafka.partitioning import partition_of
+from streams.replay import run_replay
 from tests.support import deployment, worker
 
 pytestmark = pytest.mark.kafka
@@ -107,6 +109,7 @@ def run(cluster: Any, tmp_path: Path, workers: int) -> dict[str, Any]:
         }
         claims = dep.read([dep.topics.idempotency_claims.name], idle=2.0)
     return {
+        "dep": dep,
         "a": a,
         "b": b,
         "c": c,
@@ -212,6 +215,37 @@ def test_two_workers_give_the_same_outputs(
     assert (two["a"], two["b"]) == (one_worker["a"], one_worker["b"])
     assert two["owners"][two["a"]] != two["owners"][two["b"]]  # A and B on different workers
     assert _outcome(two) == _outcome(one_worker)
+
+
+def test_a_replay_gives_the_live_alert_and_held_states(one_worker: dict[str, Any]) -> None:
+    """``vigil replay`` of the live run's inputs, the join run in-process: the same
+    FORBIDDEN_RETRY (same id, both executions named) and the same final operation states,
+    held by the other execution's attempt; none of the join's records among its outputs."""
+    dep = one_worker["dep"]
+    summary = run_replay(
+        dep.settings,
+        dep.codec,
+        T0 - timedelta(minutes=1),
+        output_suffix="-replay",
+        show_progress=False,
+        processes=1,
+    )
+    assert summary.joined and summary.retry_links > 0 and summary.dead_letters == 0
+    names = {dep.topics.alerts.name, dep.topics.operation_state.name}
+    replayed = [n + "-replay" for n in sorted(names)]
+    assert set(replayed) <= set(summary.output_topics)
+    got = {"records": [r.record for r in dep.read(replayed, idle=2.0)]}
+    assert _forbidden(got["records"]) and _outcome(got) == _outcome(one_worker)
+    held = _last_states(got["records"])
+    assert (
+        held[one_worker["a"]].held_by_execution_id,
+        held[one_worker["b"]].held_by_execution_id,
+    ) == (
+        one_worker["b"],
+        one_worker["a"],
+    )
+    internal = {t.name for t in dep.topics.internal()}
+    assert not any(t.removesuffix("-replay") in internal for t in summary.outputs_by_topic)
 
 
 def test_a_new_send_after_the_other_attempt_failed_is_no_retry(

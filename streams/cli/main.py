@@ -647,7 +647,7 @@ def replay(
             min=1,
             envvar="VIGIL_REPLAY_PROCESSES",
             help="Processes sharing the partitions (default: one per core, at most one per "
-            "partition).",
+            "partition). Only one process joins blind retries across executions.",
         ),
     ] = None,
 ) -> None:
@@ -655,7 +655,8 @@ def replay(
 
     The same processor as the worker, so the outputs equal the live run's: same ids, same
     contents, same order per key. The partitions are shared among processes (one per core by
-    default). Ends with a summary.
+    default). Blind retries across executions are joined in-process by a replay in one process
+    (--processes 1) only. Ends with a summary.
 
     With --to T the range is [--from, T]: an answer stamped T counts and a deadline due at T
     (an expiry, a grace period) is reached, the answer first, as `vigil audit --at T` judges.
@@ -694,6 +695,12 @@ def replay(
     t.add_row("anomalies", str(summary.anomalies))
     t.add_row("dead letters", str(summary.dead_letters))
     t.add_row("held past the last watermark", str(summary.held))
+    t.add_row(
+        "blind retries across executions",
+        f"joined: {summary.retry_links} retry links"
+        if summary.joined
+        else "not joined (the join needs every partition in one process: --processes 1)",
+    )
     t.add_row("processes", str(summary.processes))
     t.add_row("time taken", f"{summary.seconds:.1f} s")
     rate = summary.records_read / summary.seconds if summary.seconds else 0.0
