@@ -16,7 +16,6 @@ same: every key lives in one partition, hence in one process, and keeps its orde
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import time
 import traceback
 import uuid
@@ -90,8 +89,12 @@ T = TypeVar("T")
 
 
 def default_processes(settings: Settings) -> int:
-    """One per core, no more than there are partitions to share."""
-    return max(1, min(os.cpu_count() or 1, settings.partitions))
+    """One: only a process that replays every partition sees every execution's claims, so only
+    it can join blind retries across executions (``streams/local_join.py``), and a replay must
+    give the live run's answers. More processes (``--processes``) are for a backfill that may
+    go without that join, in exchange for speed."""
+    del settings
+    return 1
 
 
 def shares(partitions: int, processes: int) -> list[list[int]]:

@@ -646,17 +646,18 @@ def replay(
         typer.Option(
             min=1,
             envvar="VIGIL_REPLAY_PROCESSES",
-            help="Processes sharing the partitions (default: one per core, at most one per "
-            "partition). Only one process joins blind retries across executions.",
+            help="Processes sharing the partitions (at most one per partition). Only one "
+            "process joins blind retries across executions, so more give a faster replay "
+            "without that join.",
         ),
     ] = None,
 ) -> None:
     """Re-process the input topics from a time, with fresh state, into separate output topics.
 
     The same processor as the worker, so the outputs equal the live run's: same ids, same
-    contents, same order per key. The partitions are shared among processes (one per core by
-    default). Blind retries across executions are joined in-process by a replay in one process
-    (--processes 1) only. Ends with a summary.
+    contents, same order per key. One process by default, which also joins blind retries
+    across executions; --processes N shares the partitions among N processes, faster but
+    without that join. Ends with a summary.
 
     With --to T the range is [--from, T]: an answer stamped T counts and a deadline due at T
     (an expiry, a grace period) is reached, the answer first, as `vigil audit --at T` judges.
