@@ -10,6 +10,7 @@ with pip, and hold the output to nothing.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -70,6 +71,20 @@ def test_every_data_file_of_a_package_is_package_data() -> None:
                 assert any(path.match(p) for p in patterns), f"{package}: {path.name}"
 
 
+def _source_copy(tmp: Path) -> Path:
+    """The files a build reads, copied: a build writes ``build/`` and ``*.egg-info`` into the
+    tree it builds, and scripts/test-pythons.sh runs these tests on two Pythons at once."""
+    src = tmp / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    for name in ("streams", "schemas", "vigil_worker"):
+        shutil.copytree(
+            ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+        )
+    return src
+
+
 def _pip(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     import os
 
@@ -87,7 +102,8 @@ def _pip(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 def test_the_wheel_builds_quietly_with_schemas_samples_and_static_files(tmp_path: Path) -> None:
     """As the Dockerfile builds it: ``pip wheel --no-deps`` of the project, nothing printed,
     and the files the runtime reads through importlib.resources inside."""
-    proc = _pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(tmp_path), str(ROOT))
+    src = _source_copy(tmp_path)
+    proc = _pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(tmp_path), str(src))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (proc.stdout + proc.stderr).strip() == ""
     (wheel,) = tmp_path.glob("vigil-*.whl")
@@ -121,6 +137,7 @@ def test_both_install_scripts_filter_the_same_notice_only() -> None:
 def test_the_editable_install_of_bootstrap_prints_nothing(tmp_path: Path) -> None:
     """bootstrap.sh's editable install, into a throwaway venv (without dependencies: their
     wheels print nothing), with the warning filter the script sets."""
+    src = _source_copy(tmp_path)
     venv.EnvBuilder(with_pip=False).create(tmp_path / "venv")
     python = tmp_path / "venv" / "bin" / "python"
     proc = _pip(
@@ -130,7 +147,7 @@ def test_the_editable_install_of_bootstrap_prints_nothing(tmp_path: Path) -> Non
         "--quiet",
         "--no-deps",
         "-e",
-        str(ROOT),
+        str(src),
         env={"PYTHONWARNINGS": _bootstrap_filter()},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -143,4 +160,4 @@ def test_the_editable_install_of_bootstrap_prints_nothing(tmp_path: Path) -> Non
         check=False,
         cwd=tmp_path,
     )
-    assert Path(check.stdout.strip()).resolve() == ROOT / "schemas", check.stderr
+    assert Path(check.stdout.strip()).resolve() == src.resolve() / "schemas", check.stderr
