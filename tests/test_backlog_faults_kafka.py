@@ -61,8 +61,8 @@ KILLS = int(os.environ.get("VIGIL_FAULT_KILLS") or 4)
 #: executions in the backlog: enough for the kills to fall before one worker has drained it
 #: (each restart costs 6 s or more on a 2-core machine). Two workers drain more while a killed
 #: one restarts: they get more.
-EXECUTIONS = 2000 + 300 * KILLS
-EXECUTIONS_FOR_TWO = 4000 + 800 * KILLS
+EXECUTIONS = 1500 + 250 * KILLS
+EXECUTIONS_FOR_TWO = 3000 + 500 * KILLS
 #: 6 s is the broker's group.min.session.timeout.ms; the heartbeat has no vigil setting, Faust
 #: reads its own from the environment
 SESSION = {"VIGIL_SESSION_TIMEOUT": "6s", "BROKER_HEARTBEAT_INTERVAL": "1"}

@@ -47,7 +47,7 @@ pytestmark = pytest.mark.kafka
 #: executions in the backlog: enough that one worker needs several commit intervals (Faust
 #: commits about every 3 s) to drain it, so that the broker dies in the middle of the drain
 #: (a worker drains 600 in under one interval)
-EXECUTIONS = 1800
+EXECUTIONS = 1200
 #: the broker is killed once this share of the execution-status records is acknowledged:
 #: the first commit or so
 KILL_AT = 0.05
