@@ -28,6 +28,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from streams.console import attention as att
+from streams.console.attention import SEVERITY_RANK_SQL
 from streams.contracts.keys import scoped_key
 from streams.contracts.models.base import Record
 from streams.contracts.models.enums import (
@@ -111,6 +113,34 @@ CREATE TABLE IF NOT EXISTS timeline (
     topic TEXT NOT NULL, partition INTEGER NOT NULL, offset INTEGER NOT NULL,
     record TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS timeline_execution ON timeline (execution_id, at_ms);
+CREATE TABLE IF NOT EXISTS attention (
+    row_key TEXT PRIMARY KEY, source_key TEXT NOT NULL, kind TEXT NOT NULL,
+    subject_id TEXT NOT NULL, alert_subject TEXT NOT NULL, execution_id TEXT NOT NULL,
+    operation_id TEXT, attempt INTEGER, label TEXT NOT NULL, owner TEXT NOT NULL,
+    severity TEXT NOT NULL, sev_rank INTEGER NOT NULL, connector TEXT, action TEXT,
+    since_ms INTEGER NOT NULL, due_ms INTEGER NOT NULL, next_step TEXT NOT NULL,
+    search TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS attention_source ON attention (source_key);
+CREATE TABLE IF NOT EXISTS attention_items (
+    row_key TEXT PRIMARY KEY, source_key TEXT NOT NULL, item TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS attention_items_source ON attention_items (source_key);
+CREATE INDEX IF NOT EXISTS attention_subject ON attention (execution_id, alert_subject);
+CREATE INDEX IF NOT EXISTS attention_severity ON attention (sev_rank, since_ms, row_key);
+CREATE INDEX IF NOT EXISTS attention_since ON attention (since_ms, row_key);
+CREATE INDEX IF NOT EXISTS attention_owner ON attention (owner, sev_rank, since_ms, row_key);
+CREATE INDEX IF NOT EXISTS attention_kind ON attention (kind, sev_rank, since_ms, row_key);
+"""
+#: Indexes that fit the lists' filters and sorts (a filter column first, then the sort and the
+#: id, so a filtered page is a range of one index) and the summary's counts (covering).
+_LIST_INDEXES = f"""
+CREATE INDEX IF NOT EXISTS executions_status ON executions (status, since_ms, execution_id);
+CREATE INDEX IF NOT EXISTS executions_terminal ON executions (terminal, since_ms, execution_id);
+CREATE INDEX IF NOT EXISTS operations_status ON operations (status, since_ms, row_key);
+CREATE INDEX IF NOT EXISTS approvals_open ON approvals (open, verdict, started_ms, row_key);
+CREATE INDEX IF NOT EXISTS work_items_open ON work_items (open, deadline_ms, row_key);
+CREATE INDEX IF NOT EXISTS alerts_firing ON alerts (firing, occurred_at_ms, alert_id);
+CREATE INDEX IF NOT EXISTS alerts_firing_severity
+    ON alerts (firing, {SEVERITY_RANK_SQL}, occurred_at_ms, alert_id);
 """
 
 
@@ -244,7 +274,16 @@ class Filter:
     column: str
     #: allowed values; None: free text (bounded length)
     values: tuple[str, ...] | None = None
-    kind: str = "text"  # text | bool | time_before | time_after
+    kind: str = "text"  # text | bool | time_before | time_after | search
+    #: search: the columns (or expressions) the text is looked for in, case-insensitively
+    columns: tuple[str, ...] = ()
+    #: search: what those are, for the 400 answer and /api/lists
+    about: str = ""
+
+
+#: A sort: the column (or the columns, compared in order) and whether it runs descending. The
+#: row's id breaks ties, so (sort columns, id) is a total order and a cursor is exact.
+Sort = tuple[str | tuple[str, ...], bool]
 
 
 @dataclass(frozen=True)
@@ -252,11 +291,20 @@ class ListSpec:
     name: str
     table: str
     id_column: str
-    sorts: Mapping[str, tuple[str, bool]]  # name -> (column, descending)
+    sorts: Mapping[str, Sort]  # name -> (column or columns, descending)
     default_sort: str
     filters: Mapping[str, Filter]
     #: filters applied when the query does not name them
     defaults: Mapping[str, str] = field(default_factory=dict)
+    #: a row is listed once the wall clock has reached this column (None: always)
+    due_column: str | None = None
+    #: a table keyed by the id that holds each row's ``item`` (JSON), read for the rows of
+    #: a page only: the list's own table stays narrow, so a count or a search scans little
+    item_table: str | None = None
+
+    def columns(self, sort: str) -> tuple[str, ...]:
+        column = self.sorts[sort][0]
+        return (column,) if isinstance(column, str) else column
 
     def allowed(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -271,9 +319,24 @@ class ListSpec:
                 out[name] = ["true", "false"]
             elif f.kind.startswith("time"):
                 out[name] = "ISO 8601 time with a UTC offset"
+            elif f.kind == "search":
+                where = f.about or ", ".join(f.columns)
+                out[name] = f"text found in {where} (any case), at most {MAX_TEXT} characters"
             else:
                 out[name] = f"text, at most {MAX_TEXT} characters"
         return out
+
+    def describe(self) -> dict[str, Any]:
+        """The list for a client building its controls (``/api/lists``): its filters with
+        their allowed values, the filters applied by default, its sorts and the default one."""
+        return {
+            "path": f"/api/{self.name}",
+            "allowed": self.allowed(),
+            "defaults": dict(self.defaults),
+            "sorts": list(self.sorts),
+            "default_sort": self.default_sort,
+            "max_limit": MAX_LIMIT,
+        }
 
 
 def _names(enum: Any) -> tuple[str, ...]:
@@ -281,7 +344,38 @@ def _names(enum: Any) -> tuple[str, ...]:
 
 
 _OWNERS = _names(Owner)
+_SEVERITIES = _names(Severity)
+
+
+def _search(*columns: str, about: str = "") -> Filter:
+    return Filter("", kind="search", columns=columns, about=about)
+
+
 LISTS: dict[str, ListSpec] = {
+    "attention": ListSpec(
+        "attention",
+        "attention",
+        "row_key",
+        # severity: the most severe first, then the oldest; age: the oldest first
+        {
+            "severity": (("sev_rank", "since_ms"), False),
+            "age": ("since_ms", False),
+            "-age": ("since_ms", True),
+        },
+        "severity",
+        {
+            "kind": Filter("kind", att.KINDS),
+            "owner": Filter("owner", _OWNERS),
+            "severity": Filter("severity", _SEVERITIES),
+            # an approval verdict, an attempt status, or OVERDUE <work item kind>
+            "label": Filter("label"),
+            "connector": Filter("connector"),
+            "execution_id": Filter("execution_id"),
+            "q": _search("search", about="ids, connector, action, label"),
+        },
+        due_column="due_ms",
+        item_table="attention_items",
+    ),
     "approvals": ListSpec(
         "approvals",
         "approvals",
@@ -299,6 +393,7 @@ LISTS: dict[str, ListSpec] = {
             "action": Filter("action"),
             "execution_id": Filter("execution_id"),
             "open": Filter("open", kind="bool"),
+            "q": _search("request_id", "execution_id", "action"),
         },
     ),
     "operations": ListSpec(
@@ -312,6 +407,7 @@ LISTS: dict[str, ListSpec] = {
             "connector": Filter("connector"),
             "owner": Filter("owner", _OWNERS),
             "execution_id": Filter("execution_id"),
+            "q": _search("operation_id", "execution_id", "connector"),
         },
     ),
     "work-items": ListSpec(
@@ -325,6 +421,7 @@ LISTS: dict[str, ListSpec] = {
             "kind": Filter("kind", _names(WorkItemKind)),
             "connector": Filter("connector"),
             "execution_id": Filter("execution_id"),
+            "q": _search("work_item_id", "operation_id", "execution_id", "connector"),
         },
         {"open": "true"},
     ),
@@ -339,33 +436,54 @@ LISTS: dict[str, ListSpec] = {
             "terminal": Filter("terminal", kind="bool"),
             "since_before": Filter("since_ms", kind="time_before"),
             "since_after": Filter("since_ms", kind="time_after"),
+            "q": _search("execution_id"),
         },
     ),
     "alerts": ListSpec(
         "alerts",
         "alerts",
         "alert_id",
-        {"occurred_at": ("occurred_at_ms", False), "-occurred_at": ("occurred_at_ms", True)},
+        # severity: the most severe first, then the oldest
+        {
+            "occurred_at": ("occurred_at_ms", False),
+            "-occurred_at": ("occurred_at_ms", True),
+            "severity": ((SEVERITY_RANK_SQL, "occurred_at_ms"), False),
+        },
         "occurred_at",
         {
             # FIRING: not closed by a later RESOLVED alert; RESOLVED: closed
             "status": Filter("firing", ("FIRING", "RESOLVED")),
             "owner": Filter("owner", _OWNERS),
-            "severity": Filter("severity", _names(Severity)),
+            "severity": Filter("severity", _SEVERITIES),
             "kind": Filter("kind", _names(AlertKind)),
             "execution_id": Filter("execution_id"),
+            "q": _search(
+                "alert_id",
+                "execution_id",
+                "json_extract(record, '$.subject_id')",
+                about="alert_id, execution_id, subject_id",
+            ),
         },
         {"status": "FIRING"},
     ),
 }
 
 
-def encode_cursor(sort: str, value: int, ident: str) -> str:
-    raw = json.dumps({"s": sort, "v": value, "id": ident}, separators=(",", ":"))
+CursorValue = int | tuple[int, ...]
+
+
+def encode_cursor(sort: str, value: CursorValue, ident: str) -> str:
+    """A cursor after the row with sort ``value`` (one int, or one per sort column) and id."""
+    v: Any = list(value) if isinstance(value, tuple) else value
+    raw = json.dumps({"s": sort, "v": v, "id": ident}, separators=(",", ":"))
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-def decode_cursor(text: str, sort: str, allowed: Mapping[str, Any]) -> tuple[int, str]:
+def _cursor_int(value: Any) -> bool:
+    return type(value) is int and abs(value) <= 2**62
+
+
+def decode_cursor(text: str, sort: str, allowed: Mapping[str, Any]) -> tuple[CursorValue, str]:
     """The (sort value, id) a cursor resumes after; a QueryError for anything else."""
     try:
         padded = text + "=" * (-len(text) % 4)
@@ -375,7 +493,11 @@ def decode_cursor(text: str, sort: str, allowed: Mapping[str, Any]) -> tuple[int
     if not isinstance(data, dict) or set(data) != {"s", "v", "id"}:
         raise QueryError("cursor: not a cursor this console gave out", allowed)
     value, ident = data["v"], data["id"]
-    if type(value) is not int or not isinstance(ident, str) or abs(value) > 2**62:
+    if isinstance(value, list) and 1 < len(value) <= 4 and all(map(_cursor_int, value)):
+        value = tuple(value)
+    elif not _cursor_int(value):
+        raise QueryError("cursor: not a cursor this console gave out", allowed)
+    if not isinstance(ident, str):
         raise QueryError("cursor: not a cursor this console gave out", allowed)
     if data["s"] != sort:
         raise QueryError(f"cursor: given out for sort={data['s']}, not sort={sort}", allowed)
@@ -411,9 +533,16 @@ class Page:
     items: list[dict[str, Any]]
     next_cursor: str | None
     as_of: dict[str, Any]
+    #: rows the filters select, on every page (not only the ones left after the cursor)
+    total: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"items": self.items, "next_cursor": self.next_cursor, "as_of": self.as_of}
+        return {
+            "items": self.items,
+            "next_cursor": self.next_cursor,
+            "total": self.total,
+            "as_of": self.as_of,
+        }
 
 
 # --------------------------------------------------------------------------------------------
@@ -457,8 +586,48 @@ class ConsoleView:
             for name in names:
                 if name not in KEPT_TABLES and not name.startswith("sqlite_"):
                     db.execute(f'DROP TABLE IF EXISTS "{name}"')
-        db.executescript(_SCHEMA)
+        had_attention = db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'attention'"
+        ).fetchone()
+        db.executescript(_SCHEMA + _LIST_INDEXES)
+        if not had_attention:
+            # A file from before the attention list: derive it from the rows it holds.
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                self.derive_attention(db)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def derive_attention(self, db: sqlite3.Connection | None = None) -> int:
+        """Derive the attention list again from every approval, operation and work item the
+        view holds; returns the rows it has. (On a file from before the list, and for a view
+        whose tables were filled directly, as the scale tests do.)"""
+        own = db is None
+        db = self._db if db is None else db
+        if own:
+            self._write_lock.acquire()
+            db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("DELETE FROM attention")
+            db.execute("DELETE FROM attention_items")
+            for table in ("approvals", "operations", "work_items"):
+                keys = [k for (k,) in db.execute(f"SELECT row_key FROM {table}")]
+                for key in keys:
+                    self._attention(db, table, key)
+            (n,) = db.execute("SELECT count(*) FROM attention").fetchone()
+            if own:
+                db.execute("COMMIT")
+            return int(n)
+        except BaseException:
+            if own:
+                db.execute("ROLLBACK")
+            raise
+        finally:
+            if own:
+                self._write_lock.release()
 
     def _reader(self) -> sqlite3.Connection:
         if self.path == ":memory:":
@@ -542,7 +711,13 @@ class ConsoleView:
         rec = item.record
         assert rec is not None
         if isinstance(rec, ReconciliationCheck):
-            return self._apply_check(db, rec)
+            change = self._apply_check(db, rec)
+            if change is not None:  # the work item's row in the attention list shows it too
+                for (key,) in db.execute(
+                    "SELECT row_key FROM work_items WHERE work_item_id = ?", (rec.work_item_id,)
+                ).fetchall():
+                    self._attention(db, "work_items", key)
+            return change
         if not isinstance(
             rec,
             ExecutionState
@@ -641,7 +816,122 @@ class ConsoleView:
                      rec.execution_id, int(closed is None), _ms(rec.occurred_at), body,
                      closed[0] if closed else None),
                 )  # fmt: skip
+        self._derive(db, rec)
         return {"kind": kind, "id": subject, "execution_id": rec.execution_id}
+
+    # ------------------------------------------------------------ the attention list
+
+    def _derive(self, db: sqlite3.Connection, rec: Record) -> None:
+        """Keep the attention rows of what ``rec`` changed in step with it (attention.py)."""
+        # Most records make no attention row: those only remove what their source had (one
+        # indexed delete), read from the stored row where an older record may have been
+        # kept over ``rec``.
+        if isinstance(rec, ApprovalVerdict):
+            key = scoped_key(rec.execution_id, rec.request_id)
+            stored = db.execute(
+                "SELECT open, verdict FROM approvals WHERE row_key = ?", (key,)
+            ).fetchone()
+            wanted = stored is not None and stored[0] and stored[1] in att.ATTENTION_VERDICTS
+            self._attention(db, "approvals", key, derive=bool(wanted))
+        elif isinstance(rec, OperationState):
+            # the state always replaces the row: it is the stored one
+            wanted = rec.status.value in att.REVIEWABLE or (
+                rec.held_by_status is not None and rec.held_by_status.value in att.REVIEWABLE
+            )
+            key = scoped_key(rec.execution_id, rec.operation_id)
+            self._attention(db, "operations", key, derive=wanted)
+        elif isinstance(rec, ReconciliationWorkItem | WorkItemResolution):
+            key = scoped_key(rec.execution_id, rec.work_item_id)
+            stored = db.execute("SELECT open FROM work_items WHERE row_key = ?", (key,)).fetchone()
+            self._attention(db, "work_items", key, derive=bool(stored and stored[0]))
+        elif isinstance(rec, Alert):
+            # an alert raises the severity of the rows about its subject, a RESOLVED one
+            # lowers it again: derive those rows again
+            subjects = {rec.subject_id}
+            if rec.resolves_alert_id:
+                closed = db.execute(
+                    "SELECT record FROM alerts WHERE alert_id = ?", (rec.resolves_alert_id,)
+                ).fetchone()
+                if closed is not None:
+                    subjects.add(json.loads(closed[0]).get("subject_id", rec.subject_id))
+            for subject in subjects:
+                sources = db.execute(
+                    "SELECT DISTINCT source_key FROM attention"
+                    " WHERE execution_id = ? AND alert_subject = ?",
+                    (rec.execution_id, subject),
+                ).fetchall()
+                for (source,) in sources:
+                    table, _, key = source.partition("|")
+                    self._attention(db, table, key)
+
+    def _attention(
+        self, db: sqlite3.Connection, table: str, row_key: str, derive: bool = True
+    ) -> None:
+        """Replace the attention rows of one approval, operation or work item row (with
+        ``derive`` False: only remove them, the row makes none)."""
+        source = att.source_key(table, row_key)
+        db.execute("DELETE FROM attention WHERE source_key = ?", (source,))
+        db.execute("DELETE FROM attention_items WHERE source_key = ?", (source,))
+        if not derive:
+            return
+        cur = db.execute(f"SELECT * FROM {table} WHERE row_key = ?", (row_key,))
+        found = cur.fetchone()
+        if found is None:
+            return
+        row = dict(zip([d[0] for d in cur.description], found, strict=True))
+        item = self._item(table, row, None)
+        item.pop("age_seconds", None)
+        ex = row["execution_id"]
+
+        def rows_of(alerts: list[att.FiringAlert]) -> list[att.AttentionRow]:
+            if table == "approvals":
+                return att.approval_rows(row_key, item, row["started_ms"], alerts)
+            if table == "operations":
+                held = item.get("held_by_attempt")
+                since = None
+                if held is not None and item.get("held_by_status") in att.REVIEWABLE:
+                    since = db.execute(
+                        "SELECT min(at_ms) FROM timeline WHERE execution_id = ?"
+                        " AND kind = 'operation' AND subject_id = ?"
+                        " AND json_extract(record, '$.attempt') = ?"
+                        " AND json_extract(record, '$.status') = ?",
+                        (ex, item["operation_id"], held, item["held_by_status"]),
+                    ).fetchone()[0]
+                return att.operation_rows(row_key, item, row["since_ms"], since, alerts)
+            return att.work_item_rows(row_key, item, row["deadline_ms"], alerts)
+
+        rows = rows_of([])
+        if not rows:
+            return
+        subject = rows[0].alert_subject
+        alerts = [
+            att.FiringAlert(sev, body.get("next_step") or "", at)
+            for sev, body, at in (
+                (sev, json.loads(rec), at)
+                for sev, rec, at in db.execute(
+                    "SELECT severity, record, occurred_at_ms FROM alerts"
+                    " WHERE execution_id = ? AND firing = 1",
+                    (ex,),
+                )
+            )
+            if body.get("subject_id") == subject
+        ]
+        if alerts:
+            rows = rows_of(alerts)
+        db.executemany(
+            "INSERT OR REPLACE INTO attention VALUES"
+            " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (r.row_key, r.source_key, r.kind, r.subject_id, r.alert_subject, r.execution_id,
+                 r.operation_id, r.attempt, r.label, r.owner, r.severity, att.rank(r.severity),
+                 r.connector, r.action, r.since_ms, r.due_ms, r.next_step, r.search)
+                for r in rows
+            ],
+        )  # fmt: skip
+        db.executemany(
+            "INSERT OR REPLACE INTO attention_items VALUES (?, ?, ?)",
+            [(r.row_key, r.source_key, json.dumps(r.item, separators=(",", ":"))) for r in rows],
+        )
 
     @staticmethod
     def _apply_check(db: sqlite3.Connection, rec: ReconciliationCheck) -> Change | None:
@@ -711,7 +1001,9 @@ class ConsoleView:
         return self._as_of(self._reader())
 
     def query(self, name: str, params: Mapping[str, str]) -> Page:
-        """One page of a list, from query-string parameters (all text, as given)."""
+        """One page of a list, from query-string parameters (all text, as given), with the
+        number of rows the filters select (``total``: the page never hides that there are
+        more)."""
         spec = LISTS.get(name)
         if spec is None:
             raise QueryError(f"no list {name!r}", {"lists": list(LISTS)})
@@ -730,7 +1022,8 @@ class ConsoleView:
         sort = params.get("sort", spec.default_sort)
         if sort not in spec.sorts:
             raise QueryError(f"sort: unknown value {sort[:40]!r}", allowed)
-        column, desc = spec.sorts[sort]
+        columns = spec.columns(sort)
+        desc = spec.sorts[sort][1]
         where: list[str] = []
         args: list[Any] = []
         for fname, f in spec.filters.items():
@@ -757,41 +1050,78 @@ class ConsoleView:
             elif f.kind == "time_after":
                 where.append(f"{f.column} >= ?")
                 args.append(_parse_time(fname, value, allowed))
+            elif f.kind == "search":
+                text = _text_ok(fname, value, allowed).strip().lower()
+                if text:
+                    where.append(
+                        "(" + " OR ".join(f"instr(lower({c}), ?) > 0" for c in f.columns) + ")"
+                    )
+                    args += [text] * len(f.columns)
             else:
                 where.append(f"{f.column} = ?")
                 args.append(_text_ok(fname, value, allowed))
-        if "cursor" in params:
-            value, ident = decode_cursor(params["cursor"], sort, allowed)
-            op = "<" if desc else ">"
-            where.append(f"({column} {op} ? OR ({column} = ? AND {spec.id_column} {op} ?))")
-            args += [value, value, ident]
-        order = "DESC" if desc else "ASC"
-        sql = (
-            f"SELECT {column}, {spec.id_column}, * FROM {spec.table}"
-            + (f" WHERE {' AND '.join(where)}" if where else "")
-            + f" ORDER BY {column} {order}, {spec.id_column} {order} LIMIT ?"
-        )
         db = self._reader()
-        db.execute("BEGIN")  # one snapshot for the rows and their as_of
+        db.execute("BEGIN")  # one snapshot for the rows, their count and their as_of
         try:
+            now = self._now_ms(db)
+            if spec.due_column is not None:
+                where.append(f"{spec.due_column} <= ?")
+                args.append(now)
+            filtered = list(where)
+            filtered_args = list(args)
+            if "cursor" in params:
+                value, ident = decode_cursor(params["cursor"], sort, allowed)
+                values = value if isinstance(value, tuple) else (value,)
+                if len(values) != len(columns):
+                    raise QueryError("cursor: not a cursor this console gave out", allowed)
+                op = "<" if desc else ">"
+                # a row value: SQLite seeks the index to the cursor instead of scanning to it
+                where.append(f"({', '.join(columns)}, {spec.id_column}) {op} "
+                             f"({', '.join('?' * (len(columns) + 1))})")  # fmt: skip
+                args += [*values, ident]
+            order = "DESC" if desc else "ASC"
+            clause = f" WHERE {' AND '.join(where)}" if where else ""
+            sql = (
+                f"SELECT {', '.join(columns)}, {spec.id_column}, * FROM {spec.table}{clause}"
+                f" ORDER BY {', '.join(f'{c} {order}' for c in columns)},"
+                f" {spec.id_column} {order} LIMIT ?"
+            )
             cur = db.execute(sql, [*args, limit + 1])
             names = [d[0] for d in cur.description or ()]
             rows = cur.fetchall()
+            count_clause = f" WHERE {' AND '.join(filtered)}" if filtered else ""
+            (total,) = db.execute(
+                f"SELECT count(*) FROM {spec.table}{count_clause}", filtered_args
+            ).fetchone()
+            more = len(rows) > limit
+            rows = rows[:limit]
+            n = len(columns)
+            found = [dict(zip(names[n + 1 :], r[n + 1 :], strict=True)) for r in rows]
+            if spec.item_table is not None and found:
+                keys = [f[spec.id_column] for f in found]
+                bodies = dict(
+                    db.execute(
+                        f"SELECT row_key, item FROM {spec.item_table}"
+                        f" WHERE row_key IN ({', '.join('?' * len(keys))})",
+                        keys,
+                    ).fetchall()
+                )
+                for f in found:
+                    f["item"] = bodies.get(f[spec.id_column], "{}")
             as_of = self._as_of(db)
-            now = self._now_ms(db)
         finally:
             db.execute("COMMIT")
-        more = len(rows) > limit
-        rows = rows[:limit]
-        items = [
-            self._item(spec.table, dict(zip(names[2:], r[2:], strict=True)), now) for r in rows
-        ]
-        next_cursor = encode_cursor(sort, rows[-1][0], rows[-1][1]) if more and rows else None
-        return Page(items, next_cursor, as_of)
+        items = [self._item(spec.table, f, now) for f in found]
+        next_cursor = None
+        if more and rows:
+            last = rows[-1]
+            key: CursorValue = last[0] if n == 1 else tuple(last[:n])
+            next_cursor = encode_cursor(sort, key, last[n])
+        return Page(items, next_cursor, as_of, total)
 
     @staticmethod
     def _item(table: str, row: dict[str, Any], now: int | None) -> dict[str, Any]:
-        item: dict[str, Any] = json.loads(row["record"])
+        item: dict[str, Any] = json.loads(row["item" if table == "attention" else "record"])
         if table == "operations":
             item["owner"] = row["owner"]
         elif table == "approvals":
@@ -811,6 +1141,27 @@ class ConsoleView:
             item["resolved_by"] = row["resolved_by"]
         elif table == "executions":
             pass
+        elif table == "attention":
+            record = item
+            item = {
+                "kind": row["kind"],
+                "subject_id": row["subject_id"],
+                "execution_id": row["execution_id"],
+                "operation_id": row["operation_id"],
+                "attempt": row["attempt"],
+                "label": row["label"],
+                "owner": row["owner"],
+                "severity": row["severity"],
+                "connector": row["connector"],
+                "action": row["action"],
+                "since": _iso(row["since_ms"]),
+                "age_seconds": (
+                    max(0.0, (now - row["since_ms"]) / 1000) if now is not None else None
+                ),
+                "next_step": row["next_step"],
+                # the row it comes from, as its own list gives it
+                "record": record,
+            }
         return item
 
     def execution(self, execution_id: str) -> dict[str, Any] | None:
