@@ -131,7 +131,8 @@ def serve(
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         ctx.hub.bind(loop)
-        runner = web.AppRunner(create_app(ctx), access_log=None)
+        # an open page's event stream is cut at once when the block ends
+        runner = web.AppRunner(create_app(ctx), access_log=None, shutdown_timeout=0.5)
         loop.run_until_complete(runner.setup())
         loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
         done = asyncio.Event()
@@ -363,3 +364,43 @@ def fill_fleet(
     for k in range(0, len(batch), 2000):
         view.apply(batch[k : k + 2000])
     return Fleet(executions, counts["unknown"], counts["stuck"], counts["stale"], start)
+
+
+# ----------------------------------------------------------------------------- the demo
+
+
+class Pipeline:
+    """The pure Processor (the worker's core, no Kafka) turning input records and ``Tick``s
+    (as ``demo_scenario`` gives them) into the output records the console reads."""
+
+    def __init__(self) -> None:
+        from streams.processor import Processor, Stores
+        from tests.test_processor import TOPICS
+
+        self.topics = TOPICS
+        self.proc = Processor(TOPICS, Stores())
+        self.kept = {
+            TOPICS.execution_state.name,
+            TOPICS.operation_state.name,
+            TOPICS.approval_verdicts.name,
+            TOPICS.reconciliation_work.name,
+            TOPICS.alerts.name,
+        }
+
+    def run(self, steps: Sequence[Any]) -> list[Record]:
+        from streams.contracts.models.events import ClockTick
+        from streams.local.scenario import Tick
+        from tests.test_processor import env
+
+        out: list[Record] = []
+        for s in steps:
+            if isinstance(s, Tick):
+                emissions = []
+                for spec in self.topics.inputs():
+                    for p in range(3):
+                        tick = ClockTick(ticker_id="t", partition=p, occurred_at=s.at)
+                        emissions += self.proc.handle(env(tick, spec.name, key="", partition=p))
+            else:
+                emissions = self.proc.handle(env(s))
+            out += [e.record for e in emissions if e.topic in self.kept]
+        return out

@@ -222,7 +222,8 @@ function operationTargets(op) {
   // and needs reconciliation (or has an open work item), and the older attempt that holds
   // its retry verdict while that one is open too.
   const out = [];
-  if (REVIEWABLE.includes(op.status) || op.open_work_item_id) {
+  // (open_work_item_id names the operation's open work item, of whichever attempt)
+  if (!SETTLED.includes(op.status) && (REVIEWABLE.includes(op.status) || op.open_work_item_id)) {
     out.push({ kind: "operation", executionId: op.execution_id, operationId: op.operation_id,
       id: op.operation_id, attempt: op.attempt, status: op.status, item: op });
   }
@@ -231,6 +232,19 @@ function operationTargets(op) {
       op.held_by_attempt !== op.attempt && op.held_by_status && !SETTLED.includes(op.held_by_status)) {
     out.push({ kind: "operation", executionId: op.execution_id, operationId: op.operation_id,
       id: op.operation_id, attempt: op.held_by_attempt, status: op.held_by_status, holds: true, item: op });
+  }
+  return out;
+}
+function openAttempts(detail, operationId) {
+  // Every open attempt of an operation the execution's detail knows: those of its state
+  // (operationTargets), and the attempt of each open work item of it (an older attempt the
+  // state no longer describes).
+  const op = ((detail && detail.operations) || []).find((o) => o.operation_id === operationId);
+  const out = op ? operationTargets(op) : [];
+  for (const w of (detail && detail.work_items) || []) {
+    if (w.operation_id !== operationId || !w.open || out.some((t) => t.attempt === w.attempt)) continue;
+    out.push({ kind: "operation", executionId: w.execution_id, operationId, id: operationId,
+      attempt: w.attempt, status: null, workItem: w.work_item_id, item: op || w });
   }
   return out;
 }
@@ -840,8 +854,7 @@ function reviewTargetsOf(t, detail) {
   if (t.kind === "work_item" && !(currentOf(t, detail) || {}).open) return [];
   const out = [t];
   if (t.kind === "operation" && detail) {
-    const op = (detail.operations || []).find((o) => o.operation_id === t.operationId);
-    if (op) for (const x of operationTargets(op)) if (x.attempt !== t.attempt) out.push(x);
+    for (const x of openAttempts(detail, t.operationId)) if (x.attempt !== t.attempt) out.push(x);
   }
   return out;
 }
@@ -894,7 +907,8 @@ function reviewControls(t, status) {
   const what = t.kind === "work_item"
     ? [`work item ${t.id} · attempt `, el("b", {}, attemptText(t.operationId, t.attempt))]
     : ["attempt ", el("b", {}, attemptText(t.operationId, t.attempt)), " ", el("span", { class: "attempt-status" }, status || ""),
-      t.holds ? el("span", { class: "muted" }, " (holds the retry verdict)") : null];
+      t.holds ? el("span", { class: "muted" }, " (holds the retry verdict)") : null,
+      t.workItem ? el("span", { class: "muted" }, ` (open work item ${t.workItem})`) : null];
   return el("div", { class: "review", "data-review-key": key, "data-attempt": t.attempt },
     el("p", { class: "review-what" }, what),
     note, reviewer,
@@ -984,23 +998,25 @@ async function loadExecution(id) {
 }
 function table(id, columns, rows, rowAttrs) {
   if (!rows || !rows.length) return el("p", { class: "empty", id }, "none");
-  return el("table", { class: "list", id },
+  return el("div", { class: "table-wrap" }, el("table", { class: "list", id },
     el("thead", {}, el("tr", {}, columns.map(([, title]) => el("th", { scope: "col" }, title)))),
     el("tbody", {}, rows.map((r) => el("tr", rowAttrs ? rowAttrs(r) : {}, columns.map(([k, title, f]) =>
       el("td", { class: k.endsWith("_id") ? "mono" : null, "data-label": title || null },
-        el("div", { class: "cell" }, f ? f(r[k], r) : (r[k] ?? "—"))))))));
+        el("div", { class: "cell" }, f ? f(r[k], r) : (r[k] ?? "—")))))))));
 }
-function attemptRows(ops) {
-  // one row per attempt the view knows: the latest of each operation, and the older one
-  // that holds its retry verdict
+function attemptRows(detail) {
+  // one row per attempt the view knows: the latest of each operation, the older one that
+  // holds its retry verdict, and an older one with an open work item
   const out = [];
-  for (const o of ops) {
-    out.push({ ...o, _target: operationTargets(o).find((t) => t.attempt === o.attempt) || null, _holds: false });
-    const held = operationTargets(o).find((t) => t.holds);
-    if (held) {
-      out.push({ operation_id: o.operation_id, attempt: held.attempt, connector: o.connector, status: held.status,
-        retry: "", since: null, owner: o.owner, reason: "holds the retry verdict of the operation", execution_id: o.execution_id,
-        _target: held, _holds: true });
+  for (const o of detail.operations || []) {
+    const open = openAttempts(detail, o.operation_id);
+    out.push({ ...o, _target: open.find((t) => t.attempt === o.attempt) || null, _holds: false });
+    for (const t of open) {
+      if (t.attempt === o.attempt) continue;
+      out.push({ operation_id: o.operation_id, attempt: t.attempt, connector: o.connector,
+        status: t.status || "—", retry: "", since: null, owner: o.owner, execution_id: o.execution_id,
+        reason: t.holds ? "holds the retry verdict of the operation" : `open work item ${t.workItem}`,
+        _target: t, _holds: !!t.holds });
     }
   }
   return out;
@@ -1029,7 +1045,7 @@ function renderExecution(main) {
     ["status", "status", (v) => badge(v, statusClass(v))],
     ["retry", "retry"], ["since", "since", fmtTime], ["owner", "owner"],
     ["reason", "reason"], ["_target", "", (t) => review(t)],
-  ], attemptRows(d.operations || []), (r) => ({
+  ], attemptRows(d), (r) => ({
     class: "attempt" + (r._holds ? " holds" : "") + (SETTLED.includes(r.status) ? " closed" : ""),
     "data-id": r.operation_id, "data-attempt": r.attempt, "data-status": r.status,
   })));
@@ -1067,8 +1083,13 @@ function renderChrome() {
     if (a) a.classList.toggle("current", name === current);
   }
 }
+let shownPath = null;
 async function onRoute() {
   const r = route();
+  // another list or page: the drawer belonged to the one left (a filter keeps it open)
+  const path = r.name === "list" ? `list:${r.list}` : `${r.name}:${r.id}`;
+  if (shownPath !== null && path !== shownPath && state.drawer) closeDrawer();
+  shownPath = path;
   renderChrome();
   if (r.name === "execution") {
     state.execution = { id: r.id };
