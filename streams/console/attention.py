@@ -9,14 +9,15 @@ subject) changes, so the list is filtered, sorted, counted and paginated by SQLi
 instead of being assembled in the browser.
 
 The functions here are pure: they take the view's item of the source row (its record with the
-view's own fields) and the alerts firing about its subject, and say which attention rows it
-makes. ``streams/console/view.py`` stores them.
+view's own fields) and say which attention rows it makes; ``raised`` adds what the alerts
+firing about a row's subject say. ``streams/console/view.py`` stores the rows, and reads each
+row's source again for the rows of a page it answers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 from streams.contracts.models.enums import Owner, Severity, WorkItemKind
@@ -64,7 +65,9 @@ class FiringAlert:
 @dataclass(frozen=True, slots=True)
 class AttentionRow:
     """One thing that needs a person. ``source_key`` names the view row it comes from (its
-    table and scoped key): every row of a source is replaced when the source changes."""
+    table and scoped key): every row of a source is replaced when the source changes.
+    ``severity`` and ``next_step`` start as the row's own rule's (``base_*``) and are raised
+    by the alerts firing about its subject (``with_alerts``)."""
 
     row_key: str
     source_key: str
@@ -77,14 +80,27 @@ class AttentionRow:
     attempt: int | None
     label: str
     owner: str
-    severity: str
+    base_severity: str
+    base_next_step: str
     connector: str | None
     action: str | None
     since_ms: int
     #: in the list once the wall clock has reached this (a work item: its deadline)
     due_ms: int
-    next_step: str
-    item: dict[str, Any] = field(default_factory=dict)
+    severity: str = ""
+    next_step: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.severity:
+            object.__setattr__(self, "severity", self.base_severity)
+        if not self.next_step:
+            object.__setattr__(self, "next_step", self.base_next_step)
+
+    def with_alerts(self, alerts: Sequence[FiringAlert]) -> AttentionRow:
+        severity, step = raised(self.kind, self.base_severity, self.base_next_step, alerts)
+        if (severity, step) == (self.severity, self.next_step):
+            return self
+        return replace(self, severity=severity, next_step=step)
 
     @property
     def search(self) -> str:
@@ -105,23 +121,27 @@ def _strongest(alerts: Sequence[FiringAlert]) -> FiringAlert | None:
     return min(alerts, key=lambda a: (rank(a.severity), -a.occurred_ms))
 
 
-def _severity(base: str, alerts: Sequence[FiringAlert]) -> str:
-    """The row's severity: its own rule's, raised by the most severe alert firing about it."""
+def raised(
+    kind: str, base_severity: str, base_next_step: str, alerts: Sequence[FiringAlert]
+) -> tuple[str, str]:
+    """A row's severity and next step with the alerts firing about its subject: the most
+    severe alert raises the severity (never lowers it); for an attempt, its next step is that
+    alert's (a FORBIDDEN_RETRY says to stop the duplicate). An approval keeps its verdict's
+    step, a work item its own."""
     top = _strongest(alerts)
-    if top is not None and rank(top.severity) < rank(base):
-        return top.severity
-    return base
+    if top is None:
+        return base_severity, base_next_step
+    severity = top.severity if rank(top.severity) < rank(base_severity) else base_severity
+    step = top.next_step if kind == "operation" and top.next_step else base_next_step
+    return severity, step
 
 
-def approval_rows(
-    row_key: str, item: Mapping[str, Any], started_ms: int, alerts: Sequence[FiringAlert]
-) -> list[AttentionRow]:
+def approval_rows(row_key: str, item: Mapping[str, Any], started_ms: int) -> list[AttentionRow]:
     """An open approval wait in a verdict that alerts; its severity is the alert's rule
     (streams/core/alerts.py), its next step the verdict's own."""
     verdict = str(item.get("verdict"))
     if not item.get("open") or verdict not in ATTENTION_VERDICTS:
         return []
-    base = ACTIONABLE[verdict].value  # type: ignore[index]
     return [
         AttentionRow(
             row_key=f"approval|{row_key}",
@@ -134,23 +154,18 @@ def approval_rows(
             attempt=None,
             label=verdict,
             owner=str(item.get("owner") or Owner.UNRECOGNIZED.value),
-            severity=_severity(base, alerts),
+            base_severity=ACTIONABLE[verdict].value,  # type: ignore[index]
+            base_next_step=str(item.get("next_step") or ""),
             connector=None,
             action=item.get("action"),
             since_ms=started_ms,
             due_ms=0,
-            next_step=str(item.get("next_step") or ""),
-            item=dict(item),
         )
     ]
 
 
 def operation_rows(
-    row_key: str,
-    item: Mapping[str, Any],
-    since_ms: int,
-    held_since_ms: int | None,
-    alerts: Sequence[FiringAlert],
+    row_key: str, item: Mapping[str, Any], since_ms: int, held_since_ms: int | None
 ) -> list[AttentionRow]:
     """One row per attempt of the operation whose effect a person must settle: the latest
     attempt (the state's own status), and the older attempt of the same operation that holds
@@ -159,10 +174,8 @@ def operation_rows(
     status, as far as the view's timeline knows (None: the state's own time)."""
     out: list[AttentionRow] = []
     op, ex = item["operation_id"], item["execution_id"]
-    top = _strongest(alerts)
 
-    def row(attempt: int, status: str, since: int, holds: bool) -> AttentionRow:
-        default = NEXT_STEP_UNKNOWN if status == "UNKNOWN" else NEXT_STEP_REVIEW
+    def row(attempt: int, status: str, since: int) -> AttentionRow:
         return AttentionRow(
             row_key=f"operation|{row_key}|{attempt}",
             source_key=source_key("operations", row_key),
@@ -174,18 +187,17 @@ def operation_rows(
             attempt=attempt,
             label=status,
             owner=Owner.CONNECTOR_OWNER.value,
-            severity=_severity(Severity.WARNING.value, alerts),
+            base_severity=Severity.WARNING.value,
+            base_next_step=NEXT_STEP_UNKNOWN if status == "UNKNOWN" else NEXT_STEP_REVIEW,
             connector=item.get("connector"),
             action=None,
             since_ms=since,
             due_ms=0,
-            next_step=top.next_step if top is not None else default,
-            item={**item, "holds_retry": holds, "attempt_status": status},
         )
 
     latest = int(item["attempt"])
     if item.get("status") in REVIEWABLE:
-        out.append(row(latest, str(item["status"]), since_ms, False))
+        out.append(row(latest, str(item["status"]), since_ms))
     held = item.get("held_by_attempt")
     if (
         item.get("held_by_operation_id") == op
@@ -195,20 +207,17 @@ def operation_rows(
         and item.get("held_by_status") in REVIEWABLE
     ):
         since = held_since_ms if held_since_ms is not None else since_ms
-        out.append(row(int(held), str(item["held_by_status"]), since, True))
+        out.append(row(int(held), str(item["held_by_status"]), since))
     return out
 
 
-def work_item_rows(
-    row_key: str, item: Mapping[str, Any], deadline_ms: int, alerts: Sequence[FiringAlert]
-) -> list[AttentionRow]:
+def work_item_rows(row_key: str, item: Mapping[str, Any], deadline_ms: int) -> list[AttentionRow]:
     """An open work item, in the list once its deadline has passed (overdue: reconciliation
     is late), aged from the deadline."""
     if not item.get("open"):
         return []
     kind = str(item.get("kind"))
     overdue_verification = kind == WorkItemKind.VERIFICATION_TIMEOUT.value
-    step = NEXT_STEP_OVERDUE if overdue_verification else NEXT_STEP_UNKNOWN
     return [
         AttentionRow(
             row_key=f"work_item|{row_key}",
@@ -221,12 +230,11 @@ def work_item_rows(
             attempt=int(item["attempt"]),
             label=f"OVERDUE {kind}",
             owner=Owner.CONNECTOR_OWNER.value,
-            severity=_severity(Severity.WARNING.value, alerts),
+            base_severity=Severity.WARNING.value,
+            base_next_step=NEXT_STEP_OVERDUE if overdue_verification else NEXT_STEP_UNKNOWN,
             connector=item.get("connector"),
             action=None,
             since_ms=deadline_ms,
             due_ms=deadline_ms,
-            next_step=step,
-            item=dict(item),
         )
     ]

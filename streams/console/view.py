@@ -119,11 +119,8 @@ CREATE TABLE IF NOT EXISTS attention (
     operation_id TEXT, attempt INTEGER, label TEXT NOT NULL, owner TEXT NOT NULL,
     severity TEXT NOT NULL, sev_rank INTEGER NOT NULL, connector TEXT, action TEXT,
     since_ms INTEGER NOT NULL, due_ms INTEGER NOT NULL, next_step TEXT NOT NULL,
-    search TEXT NOT NULL);
+    search TEXT NOT NULL, base_severity TEXT NOT NULL, base_next_step TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS attention_source ON attention (source_key);
-CREATE TABLE IF NOT EXISTS attention_items (
-    row_key TEXT PRIMARY KEY, source_key TEXT NOT NULL, item TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS attention_items_source ON attention_items (source_key);
 CREATE INDEX IF NOT EXISTS attention_subject ON attention (execution_id, alert_subject);
 CREATE INDEX IF NOT EXISTS attention_severity ON attention (sev_rank, since_ms, row_key);
 CREATE INDEX IF NOT EXISTS attention_since ON attention (since_ms, row_key);
@@ -298,9 +295,10 @@ class ListSpec:
     defaults: Mapping[str, str] = field(default_factory=dict)
     #: a row is listed once the wall clock has reached this column (None: always)
     due_column: str | None = None
-    #: a table keyed by the id that holds each row's ``item`` (JSON), read for the rows of
-    #: a page only: the list's own table stays narrow, so a count or a search scans little
-    item_table: str | None = None
+    #: a column naming the row another list's row comes from (``table|row_key``): that row's
+    #: item is read for the rows of a page only, so the list's own table stays narrow and a
+    #: count or a search scans little
+    source_column: str | None = None
 
     def columns(self, sort: str) -> tuple[str, ...]:
         column = self.sorts[sort][0]
@@ -345,6 +343,8 @@ def _names(enum: Any) -> tuple[str, ...]:
 
 _OWNERS = _names(Owner)
 _SEVERITIES = _names(Severity)
+#: the tables an attention row may come from
+_SOURCE_TABLES = frozenset({"approvals", "operations", "work_items"})
 
 
 def _search(*columns: str, about: str = "") -> Filter:
@@ -374,7 +374,7 @@ LISTS: dict[str, ListSpec] = {
             "q": _search("search", about="ids, connector, action, label"),
         },
         due_column="due_ms",
-        item_table="attention_items",
+        source_column="source_key",
     ),
     "approvals": ListSpec(
         "approvals",
@@ -612,7 +612,6 @@ class ConsoleView:
             db.execute("BEGIN IMMEDIATE")
         try:
             db.execute("DELETE FROM attention")
-            db.execute("DELETE FROM attention_items")
             for table in ("approvals", "operations", "work_items"):
                 keys = [k for (k,) in db.execute(f"SELECT row_key FROM {table}")]
                 for key in keys:
@@ -846,23 +845,50 @@ class ConsoleView:
             self._attention(db, "work_items", key, derive=bool(stored and stored[0]))
         elif isinstance(rec, Alert):
             # an alert raises the severity of the rows about its subject, a RESOLVED one
-            # lowers it again: derive those rows again
+            # lowers it again: their severity and next step with the alerts firing now
             subjects = {rec.subject_id}
             if rec.resolves_alert_id:
                 closed = db.execute(
-                    "SELECT record FROM alerts WHERE alert_id = ?", (rec.resolves_alert_id,)
+                    "SELECT json_extract(record, '$.subject_id') FROM alerts WHERE alert_id = ?",
+                    (rec.resolves_alert_id,),
                 ).fetchone()
-                if closed is not None:
-                    subjects.add(json.loads(closed[0]).get("subject_id", rec.subject_id))
+                if closed is not None and closed[0]:
+                    subjects.add(closed[0])
             for subject in subjects:
-                sources = db.execute(
-                    "SELECT DISTINCT source_key FROM attention"
-                    " WHERE execution_id = ? AND alert_subject = ?",
-                    (rec.execution_id, subject),
-                ).fetchall()
-                for (source,) in sources:
-                    table, _, key = source.partition("|")
-                    self._attention(db, table, key)
+                self._raise(db, rec.execution_id, subject)
+
+    @staticmethod
+    def _firing(db: sqlite3.Connection, execution_id: str, subject: str) -> list[att.FiringAlert]:
+        """The alerts firing about one subject of one execution."""
+        return [
+            att.FiringAlert(sev, step or "", at)
+            for sev, step, at in db.execute(
+                "SELECT severity, json_extract(record, '$.next_step'), occurred_at_ms"
+                " FROM alerts WHERE execution_id = ? AND firing = 1"
+                " AND json_extract(record, '$.subject_id') = ?",
+                (execution_id, subject),
+            )
+        ]
+
+    def _raise(self, db: sqlite3.Connection, execution_id: str, subject: str) -> None:
+        """The severity and next step of the attention rows about a subject, with the alerts
+        firing about it now (attention.raised)."""
+        found = db.execute(
+            "SELECT row_key, kind, base_severity, base_next_step, severity, next_step"
+            " FROM attention WHERE execution_id = ? AND alert_subject = ?",
+            (execution_id, subject),
+        ).fetchall()
+        if not found:
+            return
+        alerts = self._firing(db, execution_id, subject)
+        for key, kind, base, base_step, severity, step in found:
+            new = att.raised(kind, base, base_step, alerts)
+            if new != (severity, step):
+                db.execute(
+                    "UPDATE attention SET severity = ?, sev_rank = ?, next_step = ?"
+                    " WHERE row_key = ?",
+                    (new[0], att.rank(new[0]), new[1], key),
+                )
 
     def _attention(
         self, db: sqlite3.Connection, table: str, row_key: str, derive: bool = True
@@ -871,7 +897,6 @@ class ConsoleView:
         ``derive`` False: only remove them, the row makes none)."""
         source = att.source_key(table, row_key)
         db.execute("DELETE FROM attention WHERE source_key = ?", (source,))
-        db.execute("DELETE FROM attention_items WHERE source_key = ?", (source,))
         if not derive:
             return
         cur = db.execute(f"SELECT * FROM {table} WHERE row_key = ?", (row_key,))
@@ -883,55 +908,37 @@ class ConsoleView:
         item.pop("age_seconds", None)
         ex = row["execution_id"]
 
-        def rows_of(alerts: list[att.FiringAlert]) -> list[att.AttentionRow]:
-            if table == "approvals":
-                return att.approval_rows(row_key, item, row["started_ms"], alerts)
-            if table == "operations":
-                held = item.get("held_by_attempt")
-                since = None
-                if held is not None and item.get("held_by_status") in att.REVIEWABLE:
-                    since = db.execute(
-                        "SELECT min(at_ms) FROM timeline WHERE execution_id = ?"
-                        " AND kind = 'operation' AND subject_id = ?"
-                        " AND json_extract(record, '$.attempt') = ?"
-                        " AND json_extract(record, '$.status') = ?",
-                        (ex, item["operation_id"], held, item["held_by_status"]),
-                    ).fetchone()[0]
-                return att.operation_rows(row_key, item, row["since_ms"], since, alerts)
-            return att.work_item_rows(row_key, item, row["deadline_ms"], alerts)
-
-        rows = rows_of([])
+        if table == "approvals":
+            rows = att.approval_rows(row_key, item, row["started_ms"])
+        elif table == "operations":
+            held = item.get("held_by_attempt")
+            since = None
+            if held is not None and item.get("held_by_status") in att.REVIEWABLE:
+                since = db.execute(
+                    "SELECT min(at_ms) FROM timeline WHERE execution_id = ?"
+                    " AND kind = 'operation' AND subject_id = ?"
+                    " AND json_extract(record, '$.attempt') = ?"
+                    " AND json_extract(record, '$.status') = ?",
+                    (ex, item["operation_id"], held, item["held_by_status"]),
+                ).fetchone()[0]
+            rows = att.operation_rows(row_key, item, row["since_ms"], since)
+        else:
+            rows = att.work_item_rows(row_key, item, row["deadline_ms"])
         if not rows:
             return
-        subject = rows[0].alert_subject
-        alerts = [
-            att.FiringAlert(sev, body.get("next_step") or "", at)
-            for sev, body, at in (
-                (sev, json.loads(rec), at)
-                for sev, rec, at in db.execute(
-                    "SELECT severity, record, occurred_at_ms FROM alerts"
-                    " WHERE execution_id = ? AND firing = 1",
-                    (ex,),
-                )
-            )
-            if body.get("subject_id") == subject
-        ]
-        if alerts:
-            rows = rows_of(alerts)
+        alerts = self._firing(db, ex, rows[0].alert_subject)
+        rows = [r.with_alerts(alerts) for r in rows]
         db.executemany(
             "INSERT OR REPLACE INTO attention VALUES"
-            " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (r.row_key, r.source_key, r.kind, r.subject_id, r.alert_subject, r.execution_id,
                  r.operation_id, r.attempt, r.label, r.owner, r.severity, att.rank(r.severity),
-                 r.connector, r.action, r.since_ms, r.due_ms, r.next_step, r.search)
+                 r.connector, r.action, r.since_ms, r.due_ms, r.next_step, r.search,
+                 r.base_severity, r.base_next_step)
                 for r in rows
             ],
         )  # fmt: skip
-        db.executemany(
-            "INSERT OR REPLACE INTO attention_items VALUES (?, ?, ?)",
-            [(r.row_key, r.source_key, json.dumps(r.item, separators=(",", ":"))) for r in rows],
-        )
 
     @staticmethod
     def _apply_check(db: sqlite3.Connection, rec: ReconciliationCheck) -> Change | None:
@@ -1097,17 +1104,25 @@ class ConsoleView:
             rows = rows[:limit]
             n = len(columns)
             found = [dict(zip(names[n + 1 :], r[n + 1 :], strict=True)) for r in rows]
-            if spec.item_table is not None and found:
-                keys = [f[spec.id_column] for f in found]
-                bodies = dict(
-                    db.execute(
-                        f"SELECT row_key, item FROM {spec.item_table}"
-                        f" WHERE row_key IN ({', '.join('?' * len(keys))})",
-                        keys,
-                    ).fetchall()
-                )
+            if spec.source_column is not None and found:
+                wanted: dict[str, set[str]] = {}
                 for f in found:
-                    f["item"] = bodies.get(f[spec.id_column], "{}")
+                    table, _, key = f[spec.source_column].partition("|")
+                    wanted.setdefault(table, set()).add(key)
+                sources: dict[str, dict[str, Any]] = {}
+                for table, keys in wanted.items():
+                    if table not in _SOURCE_TABLES:
+                        continue
+                    cur = db.execute(
+                        f"SELECT * FROM {table} WHERE row_key IN ({', '.join('?' * len(keys))})",
+                        sorted(keys),
+                    )
+                    cols = [d[0] for d in cur.description or ()]
+                    for r in cur:
+                        src = dict(zip(cols, r, strict=True))
+                        sources[f"{table}|{src['row_key']}"] = self._item(table, src, now)
+                for f in found:
+                    f["source"] = sources.get(f[spec.source_column], {})
             as_of = self._as_of(db)
         finally:
             db.execute("COMMIT")
@@ -1121,7 +1136,9 @@ class ConsoleView:
 
     @staticmethod
     def _item(table: str, row: dict[str, Any], now: int | None) -> dict[str, Any]:
-        item: dict[str, Any] = json.loads(row["item" if table == "attention" else "record"])
+        if table == "attention":
+            return ConsoleView._attention_item(row, now)
+        item: dict[str, Any] = json.loads(row["record"])
         if table == "operations":
             item["owner"] = row["owner"]
         elif table == "approvals":
@@ -1141,28 +1158,33 @@ class ConsoleView:
             item["resolved_by"] = row["resolved_by"]
         elif table == "executions":
             pass
-        elif table == "attention":
-            record = item
-            item = {
-                "kind": row["kind"],
-                "subject_id": row["subject_id"],
-                "execution_id": row["execution_id"],
-                "operation_id": row["operation_id"],
-                "attempt": row["attempt"],
-                "label": row["label"],
-                "owner": row["owner"],
-                "severity": row["severity"],
-                "connector": row["connector"],
-                "action": row["action"],
-                "since": _iso(row["since_ms"]),
-                "age_seconds": (
-                    max(0.0, (now - row["since_ms"]) / 1000) if now is not None else None
-                ),
-                "next_step": row["next_step"],
-                # the row it comes from, as its own list gives it
-                "record": record,
-            }
         return item
+
+    @staticmethod
+    def _attention_item(row: dict[str, Any], now: int | None) -> dict[str, Any]:
+        """A row of the attention list, with the row it comes from (``record``, as its own
+        list gives it; for an attempt, whether it is an older one holding the retry verdict)."""
+        record = dict(row.get("source") or {})
+        record.pop("age_seconds", None)
+        if row["kind"] == "operation" and record:
+            record["holds_retry"] = record.get("attempt") != row["attempt"]
+            record["attempt_status"] = row["label"]
+        return {
+            "kind": row["kind"],
+            "subject_id": row["subject_id"],
+            "execution_id": row["execution_id"],
+            "operation_id": row["operation_id"],
+            "attempt": row["attempt"],
+            "label": row["label"],
+            "owner": row["owner"],
+            "severity": row["severity"],
+            "connector": row["connector"],
+            "action": row["action"],
+            "since": _iso(row["since_ms"]),
+            "age_seconds": (max(0.0, (now - row["since_ms"]) / 1000) if now is not None else None),
+            "next_step": row["next_step"],
+            "record": record,
+        }
 
     def execution(self, execution_id: str) -> dict[str, Any] | None:
         """One execution with its operations, approvals, work items and alerts; None when the
