@@ -312,3 +312,30 @@ def test_cursors_walk_every_attention_row_once_in_order(tmp_path_factory, made, 
     keys = [key(r) for r in seen]
     assert keys == sorted(keys, reverse=sort == "-age")
     v.close()
+
+
+def test_open_attempts_from_the_state_or_from_every_known_attempt() -> None:
+    base = {"operation_id": "op-1", "execution_id": "ex-1", "attempt": 3, "status": "VERIFIED"}
+    held = base | {
+        "held_by_operation_id": "op-1",
+        "held_by_attempt": 1,
+        "held_by_status": "UNKNOWN",
+    }
+    assert att.open_attempts(held) == {1: "UNKNOWN"}
+    assert att.open_attempts(held | {"held_by_execution_id": "ex-other"}) == {}
+    assert att.open_attempts(base | {"status": "MANUAL_REVIEW"}) == {3: "MANUAL_REVIEW"}
+    # an operation's item that lists every attempt the view knows of: those, not held_by
+    known = held | {
+        "attempts": [
+            {"attempt": 1, "status": "UNKNOWN", "blocks_retry": True},
+            {"attempt": 2, "status": "MANUAL_REVIEW", "blocks_retry": True},
+            {"attempt": 3, "status": "VERIFIED", "blocks_retry": False},
+        ]
+    }
+    assert att.open_attempts(known) == {1: "UNKNOWN", 2: "MANUAL_REVIEW"}
+    rows = att.operation_rows("ex-1/op-1", known, 1_000, {1: 10, 2: 20})
+    assert [(r.attempt, r.label, r.since_ms) for r in rows] == [
+        (1, "UNKNOWN", 10),
+        (2, "MANUAL_REVIEW", 20),
+    ]
+    assert {r.row_key for r in rows} == {"operation|ex-1/op-1|1", "operation|ex-1/op-1|2"}

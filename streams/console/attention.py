@@ -164,18 +164,44 @@ def approval_rows(row_key: str, item: Mapping[str, Any], started_ms: int) -> lis
     ]
 
 
-def operation_rows(
-    row_key: str, item: Mapping[str, Any], since_ms: int, held_since_ms: int | None
-) -> list[AttentionRow]:
-    """One row per attempt of the operation whose effect a person must settle: the latest
-    attempt (the state's own status), and the older attempt of the same operation that holds
-    the retry verdict (``held_by_*``) when it is UNKNOWN or under review too, which a later
-    attempt's outcome does not settle. ``held_since_ms``: when that attempt entered its
-    status, as far as the view's timeline knows (None: the state's own time)."""
-    out: list[AttentionRow] = []
+def open_attempts(item: Mapping[str, Any]) -> dict[int, str]:
+    """The attempts of an operation a person must settle (UNKNOWN or under MANUAL_REVIEW), by
+    number, with their status: from every attempt the view knows of when the operation's
+    item lists them (``attempts``), else from its state: the latest attempt, and the older
+    attempt of the same operation that holds the retry verdict (``held_by_*``), which a later
+    attempt's outcome does not settle."""
     op, ex = item["operation_id"], item["execution_id"]
+    known = item.get("attempts")
+    if isinstance(known, list) and known:
+        return {
+            int(a["attempt"]): str(a["status"])
+            for a in known
+            if isinstance(a, Mapping) and a.get("status") in REVIEWABLE
+        }
+    out: dict[int, str] = {}
+    if item.get("status") in REVIEWABLE:
+        out[int(item["attempt"])] = str(item["status"])
+    held = item.get("held_by_attempt")
+    if (
+        item.get("held_by_operation_id") == op
+        and item.get("held_by_execution_id") in (None, ex)
+        and held is not None
+        and item.get("held_by_status") in REVIEWABLE
+    ):
+        out.setdefault(int(held), str(item["held_by_status"]))
+    return out
 
-    def row(attempt: int, status: str, since: int) -> AttentionRow:
+
+def operation_rows(
+    row_key: str, item: Mapping[str, Any], since_ms: int, since_of: Mapping[int, int]
+) -> list[AttentionRow]:
+    """One row per attempt of the operation whose effect a person must settle
+    (``open_attempts``). ``since_of``: when an older attempt entered its status, as far as
+    the view knows (missing: the state's own time); the latest attempt's is the state's."""
+    op, ex = item["operation_id"], item["execution_id"]
+    latest = int(item["attempt"])
+
+    def row(attempt: int, status: str) -> AttentionRow:
         return AttentionRow(
             row_key=f"operation|{row_key}|{attempt}",
             source_key=source_key("operations", row_key),
@@ -191,24 +217,11 @@ def operation_rows(
             base_next_step=NEXT_STEP_UNKNOWN if status == "UNKNOWN" else NEXT_STEP_REVIEW,
             connector=item.get("connector"),
             action=None,
-            since_ms=since,
+            since_ms=since_ms if attempt == latest else since_of.get(attempt, since_ms),
             due_ms=0,
         )
 
-    latest = int(item["attempt"])
-    if item.get("status") in REVIEWABLE:
-        out.append(row(latest, str(item["status"]), since_ms))
-    held = item.get("held_by_attempt")
-    if (
-        item.get("held_by_operation_id") == op
-        and item.get("held_by_execution_id") in (None, ex)
-        and held is not None
-        and int(held) != latest
-        and item.get("held_by_status") in REVIEWABLE
-    ):
-        since = held_since_ms if held_since_ms is not None else since_ms
-        out.append(row(int(held), str(item["held_by_status"]), since))
-    return out
+    return [row(n, status) for n, status in sorted(open_attempts(item).items())]
 
 
 def work_item_rows(row_key: str, item: Mapping[str, Any], deadline_ms: int) -> list[AttentionRow]:

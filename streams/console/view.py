@@ -716,6 +716,7 @@ class ConsoleView:
                     "SELECT row_key FROM work_items WHERE work_item_id = ?", (rec.work_item_id,)
                 ).fetchall():
                     self._attention(db, "work_items", key)
+                self._operation_attention(db, rec.execution_id, rec.operation_id)
             return change
         if not isinstance(
             rec,
@@ -833,9 +834,12 @@ class ConsoleView:
             wanted = stored is not None and stored[0] and stored[1] in att.ATTENTION_VERDICTS
             self._attention(db, "approvals", key, derive=bool(wanted))
         elif isinstance(rec, OperationState):
-            # the state always replaces the row: it is the stored one
-            wanted = rec.status.value in att.REVIEWABLE or (
-                rec.held_by_status is not None and rec.held_by_status.value in att.REVIEWABLE
+            # the state always replaces the row: it is the stored one (an older attempt the
+            # view knows of through its work item is the work item's to bring)
+            wanted = (
+                rec.status.value in att.REVIEWABLE
+                or (rec.held_by_status is not None and rec.held_by_status.value in att.REVIEWABLE)
+                or rec.open_work_item_id is not None
             )
             key = scoped_key(rec.execution_id, rec.operation_id)
             self._attention(db, "operations", key, derive=wanted)
@@ -843,6 +847,7 @@ class ConsoleView:
             key = scoped_key(rec.execution_id, rec.work_item_id)
             stored = db.execute("SELECT open FROM work_items WHERE row_key = ?", (key,)).fetchone()
             self._attention(db, "work_items", key, derive=bool(stored and stored[0]))
+            self._operation_attention(db, rec.execution_id, rec.operation_id)
         elif isinstance(rec, Alert):
             # an alert raises the severity of the rows about its subject, a RESOLVED one
             # lowers it again: their severity and next step with the alerts firing now
@@ -856,6 +861,14 @@ class ConsoleView:
                     subjects.add(closed[0])
             for subject in subjects:
                 self._raise(db, rec.execution_id, subject)
+
+    def _operation_attention(self, db: sqlite3.Connection, execution_id: str, op: str) -> None:
+        """An operation's rows derived again when one of its work items changes: when the
+        operation's item lists every attempt the view knows of, a work item is how an older
+        attempt becomes known, or settled."""
+        key = scoped_key(execution_id, op)
+        if db.execute("SELECT 1 FROM operations WHERE row_key = ?", (key,)).fetchone():
+            self._attention(db, "operations", key)
 
     @staticmethod
     def _firing(db: sqlite3.Connection, execution_id: str, subject: str) -> list[att.FiringAlert]:
@@ -911,17 +924,28 @@ class ConsoleView:
         if table == "approvals":
             rows = att.approval_rows(row_key, item, row["started_ms"])
         elif table == "operations":
-            held = item.get("held_by_attempt")
-            since = None
-            if held is not None and item.get("held_by_status") in att.REVIEWABLE:
-                since = db.execute(
+            # an older attempt's age: since its first state in that status (the timeline),
+            # else since its work item was opened
+            since_of: dict[int, int] = {}
+            for n, status in att.open_attempts(item).items():
+                if n == item["attempt"]:
+                    continue
+                (at,) = db.execute(
                     "SELECT min(at_ms) FROM timeline WHERE execution_id = ?"
                     " AND kind = 'operation' AND subject_id = ?"
                     " AND json_extract(record, '$.attempt') = ?"
                     " AND json_extract(record, '$.status') = ?",
-                    (ex, item["operation_id"], held, item["held_by_status"]),
-                ).fetchone()[0]
-            rows = att.operation_rows(row_key, item, row["since_ms"], since)
+                    (ex, item["operation_id"], n, status),
+                ).fetchone()
+                if at is None:
+                    (at,) = db.execute(
+                        "SELECT min(created_at_ms) FROM work_items WHERE execution_id = ?"
+                        " AND operation_id = ? AND json_extract(record, '$.attempt') = ?",
+                        (ex, item["operation_id"], n),
+                    ).fetchone()
+                if at is not None:
+                    since_of[n] = at
+            rows = att.operation_rows(row_key, item, row["since_ms"], since_of)
         else:
             rows = att.work_item_rows(row_key, item, row["deadline_ms"])
         if not rows:

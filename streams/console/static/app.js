@@ -218,10 +218,20 @@ function reviewButton(target) {
 }
 // What a row of each list opens in the drawer, and whether it carries a review action.
 function operationTargets(op) {
-  // Every attempt of the operation a person may settle: the latest while it is not settled
-  // and needs reconciliation (or has an open work item), and the older attempt that holds
-  // its retry verdict while that one is open too.
+  // Every attempt of the operation a person may settle: when the row lists every attempt
+  // the view knows of (attempts), each one needing reconciliation or with an open work item;
+  // else from its state: the latest while it is not settled and needs reconciliation (or
+  // has an open work item), and the older attempt that holds its retry verdict while that
+  // one is open too.
   const out = [];
+  if (Array.isArray(op.attempts) && op.attempts.length) {
+    for (const a of op.attempts) {
+      if (SETTLED.includes(a.status) || !(REVIEWABLE.includes(a.status) || a.open_work_item_id)) continue;
+      out.push({ kind: "operation", executionId: op.execution_id, operationId: op.operation_id,
+        id: op.operation_id, attempt: a.attempt, status: a.status, holds: a.attempt !== op.attempt, item: op });
+    }
+    return out;
+  }
   // (open_work_item_id names the operation's open work item, of whichever attempt)
   if (!SETTLED.includes(op.status) && (REVIEWABLE.includes(op.status) || op.open_work_item_id)) {
     out.push({ kind: "operation", executionId: op.execution_id, operationId: op.operation_id,
@@ -907,7 +917,7 @@ function reviewControls(t, status) {
   const what = t.kind === "work_item"
     ? [`work item ${t.id} · attempt `, el("b", {}, attemptText(t.operationId, t.attempt))]
     : ["attempt ", el("b", {}, attemptText(t.operationId, t.attempt)), " ", el("span", { class: "attempt-status" }, status || ""),
-      t.holds ? el("span", { class: "muted" }, " (holds the retry verdict)") : null,
+      t.holds ? el("span", { class: "muted" }, " (an older attempt, still blocking a retry)") : null,
       t.workItem ? el("span", { class: "muted" }, ` (open work item ${t.workItem})`) : null];
   return el("div", { class: "review", "data-review-key": key, "data-attempt": t.attempt },
     el("p", { class: "review-what" }, what),
@@ -946,6 +956,9 @@ function chipHref(group, key) {
     case "executions_by_status": return listHref("executions", { status: key });
     case "alerts_firing_by_severity": return listHref("alerts", { severity: key });
     case "executions_in_flight": return listHref("executions", { terminal: "false" });
+    // the operations with an attempt still blocking a retry, and those in a status
+    case "operations_blocking": return listHref("operations", { blocking: "true" });
+    case "attempts_blocking_by_status": return listHref("operations", { status: key, blocking: "true" });
     case "work_items_open": return listHref("work-items", {});
   }
   return null;
@@ -1011,11 +1024,18 @@ function attemptRows(detail) {
   for (const o of detail.operations || []) {
     const open = openAttempts(detail, o.operation_id);
     out.push({ ...o, _target: open.find((t) => t.attempt === o.attempt) || null, _holds: false });
+    // the settled older attempts the view knows of, for the record (nothing to review)
+    for (const a of Array.isArray(o.attempts) ? o.attempts : []) {
+      if (a.attempt === o.attempt || open.some((t) => t.attempt === a.attempt)) continue;
+      out.push({ operation_id: o.operation_id, attempt: a.attempt, connector: o.connector,
+        status: a.status, retry: "", since: null, owner: o.owner, execution_id: o.execution_id,
+        reason: "an older attempt", _target: null, _holds: false });
+    }
     for (const t of open) {
       if (t.attempt === o.attempt) continue;
       out.push({ operation_id: o.operation_id, attempt: t.attempt, connector: o.connector,
         status: t.status || "—", retry: "", since: null, owner: o.owner, execution_id: o.execution_id,
-        reason: t.holds ? "holds the retry verdict of the operation" : `open work item ${t.workItem}`,
+        reason: t.workItem ? `open work item ${t.workItem}` : "an older attempt, still blocking a retry",
         _target: t, _holds: !!t.holds });
     }
   }
