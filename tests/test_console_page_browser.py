@@ -45,6 +45,8 @@ WRITE = "write-secret-for-the-page"
 SHOWN_MS = 10_000
 #: a token with no place to break (an opaque payload, a signed URL)
 LONG = "payload=" + "9f8e7d6c5b4a3f2e1d0c" * 18
+#: an execution id as long as the console accepts ids to be, give or take
+LONG_EXECUTION = "exec-" + "7c2f0e19" * 12
 AFTER_DEMO = max(s.at for s in demo_scenario() if isinstance(s, Tick))
 
 
@@ -116,7 +118,7 @@ def console(tmp_path_factory: pytest.TempPathFactory, pipeline: Pipeline) -> Ite
         anomaly_id="an-long-1",
         kind=AnomalyKind.OUT_OF_ORDER,
         reason=LONG,
-        execution_id="exec-refund",
+        execution_id=LONG_EXECUTION,
         event_id="evt-" + LONG[8:120],
         event_type="OperationEvent",
         source_topic="vigil.operation-events",
@@ -234,6 +236,7 @@ def test_alerts_and_anomalies_have_a_view_sorted_by_severity_then_age(
     wait_rows(tab, "sort=severity")
     shown = rows(tab)
     assert shown.count() == firing["total"]
+    assert _overflow(tab) <= 0  # the long execution id of the anomaly stays in its table
     ids = [shown.nth(i).get_attribute("data-id") for i in range(shown.count())]
     by_id = {a["alert_id"]: a for a in firing["items"]}
     keys = [(SEVERITY_RANK[by_id[i]["severity"]], by_id[i]["occurred_at"], i) for i in ids]
@@ -291,6 +294,7 @@ def test_400_px_wide_nothing_overflows_and_evidence_does_not_repeat_the_proofs(
             ("#/list/work-items?open=false", "#list-table"),
             ("#/list/operations", "#list-table"),
             ("#/executions/exec-refund", "#execution-alerts"),
+            (f"#/executions/{LONG_EXECUTION}", "#execution-alerts"),
         ):
             goto(tab, console, hash_)
             tab.wait_for_selector(ready, timeout=SHOWN_MS)
