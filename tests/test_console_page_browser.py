@@ -407,3 +407,24 @@ def test_every_open_attempt_and_work_item_has_a_review_action(
     tab.wait_for_selector("#list-rows .empty", timeout=SHOWN_MS)
     assert tab.evaluate("window.__sameDocument === true")
     assert api(console, "/api/attention", execution_id="exec-resend")["total"] == 0
+
+
+def test_api_lists_describes_what_the_page_builds_its_controls_from(console: Served) -> None:
+    lists = api(console, "/api/lists")
+    assert set(lists) == {"attention", "approvals", "operations", "work-items", "executions",
+                          "alerts"}  # fmt: skip
+    a = lists["attention"]
+    assert a["path"] == "/api/attention" and a["default_sort"] == "severity"
+    assert a["allowed"]["kind"] == ["approval", "operation", "work_item"]
+    assert lists["alerts"]["defaults"] == {"status": "FIRING"}
+    assert "severity" in lists["alerts"]["sorts"]
+    r = httpx.get(console.base + "/api/lists?x=1", headers={"Authorization": f"Bearer {READ}"})
+    assert r.status_code == 400
+    assert httpx.get(console.base + "/api/lists").status_code == 401  # the read token
+    # a bad filter on the attention list: 400 with the allowed values, as every list
+    r = httpx.get(
+        console.base + "/api/attention",
+        params={"severity": "LOUD"},
+        headers={"Authorization": f"Bearer {READ}"},
+    )
+    assert r.status_code == 400 and "CRITICAL" in r.json()["allowed"]["severity"]
