@@ -123,6 +123,13 @@ async def stream_changes(
 def register_page(app: web.Application, ctx: Any) -> None:
     """Add the page's routes to the console's application (called by ``create_app``)."""
     files = load_static()
+    #: the open event streams: ended when the application shuts down, so that a stopping
+    #: console does not wait out its shutdown timeout for pages that never hang up
+    streams: set[asyncio.Task[Any]] = set()
+
+    async def end_streams(_: web.Application) -> None:
+        for task in list(streams):
+            task.cancel()
 
     async def index(_: web.Request) -> web.Response:
         body, ctype = files["index.html"]
@@ -148,13 +155,19 @@ def register_page(app: web.Application, ctx: Any) -> None:
             }
         )
         await response.prepare(request)
+        task = asyncio.current_task()
+        if task is not None:
+            streams.add(task)
         try:
             await response.write(sse_frame("hello", {}))
             await stream_changes(response, ctx.hub.subscribe(), KEEPALIVE_SECONDS)
         except (ConnectionResetError, ConnectionError):
             pass
+        finally:
+            streams.discard(task)  # type: ignore[arg-type]
         return response
 
+    app.on_shutdown.append(end_streams)
     app.router.add_get("/", index)
     app.router.add_get("/static/{name}", static)
     app.router.add_get("/api/stream", stream)
