@@ -9,9 +9,14 @@ over: a record at an offset below the stored position is skipped, and a record w
 (``state_id``, ``verdict_id``, ``work_item_id``, ``resolution_id``, ``alert_id``) was
 applied before is skipped too (a worker may publish the same record again after a restart).
 
-Nothing here talks to Kafka or reads a clock: the service feeds ``apply`` decoded records and
-queries answer from the file. Ages are measured against the latest event time applied (the
-view's own clock), so two replicas with the same offsets give the same answers.
+Nothing here talks to Kafka: the service feeds ``apply`` decoded records and queries answer
+from the file. Ages run to the wall clock the view is given (``clock``): an age goes on while
+the fleet is quiet.
+
+The lists (``LISTS``) are answered a page at a time, filtered, sorted and counted by SQLite
+on indexes that lead with their filters; the attention list (``streams/console/attention.py``)
+is kept as a table of its own, derived in the same transaction as the rows it comes from,
+so that a fleet's "what needs a person" is one indexed query, not a merge of every list.
 """
 
 from __future__ import annotations

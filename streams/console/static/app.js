@@ -533,10 +533,6 @@ function navigate(name, params, replace) {
     onRoute();
   }
 }
-function currentParams() {
-  const r = route();
-  return r.name === "list" ? Object.fromEntries(r.params) : {};
-}
 function setFilter(key, value, replace) {
   const r = route();
   const p = Object.fromEntries(r.params);
