@@ -1,4 +1,5 @@
-"""Benchmark of ``vigil console``: catch-up from the topics, output-to-page latency, list queries.
+"""Benchmark of ``vigil console``: catch-up from the topics, output-to-page latency, list queries,
+the page in a browser.
 
 Run from the repository root against a running cluster (``vigil dev up`` prints the env):
 
@@ -14,6 +15,10 @@ Sections (``--sections``, comma-separated, default all):
 - ``queries``: on that same console (its view filled through its own consumer), the p50/p99
   of list pages over HTTP, ``limit=50``: executions by status, approvals by verdict, the
   page's own lists, the summary, and cursor walks.
+- ``page``: on that same console, Debian's chromium (Playwright, headless): a fresh tab's first
+  paint (navigation start to the first rows of the attention list), and the time each filter
+  control takes to be answered on the page (the server's filter and count, the fetch, the
+  render), ``--page-rounds`` times each.
 - ``latency``: one real worker, the real ticker, a console on an empty view and an observer
   that follows ``/api/stream`` like the page (SSE ``change`` frames, then after the page's
   200 ms debounce the fetches the page makes for those kinds). Inputs offered at ``--rate``
@@ -73,19 +78,22 @@ from streams.contracts.models.outputs import (
 from streams.kafka.partitioning import partition_of
 from streams.settings import Settings
 
-ALL = ("catchup", "queries", "latency")
-#: What the page fetches for each kind a change names (streams/console/static/app.js).
+ALL = ("catchup", "queries", "page", "latency")
+#: The lists a change of each kind makes the page fetch again (KIND_LISTS in
+#: streams/console/static/app.js), on its first view, the attention list.
 KIND_FETCHES = {
-    "approval": ("approvals", "alerts"),
-    "operation": ("operations", "work_items", "alerts"),
-    "work_item": ("work_items", "operations"),
-    "alert": ("alerts",),
+    "approval": ("attention",),
+    "operation": ("attention",),
+    "work_item": ("attention",),
+    "alert": ("attention",),
     "execution": (),
 }
 ATTENTION_VERDICTS = ("STUCK_AFTER_DECISION", "ORPHANED_WAIT", "UNROUTABLE_WAIT", "STALE_REQUEST")
-PAGE_LIMIT = 500  # the page's page size
-MAX_PAGES = 10
+PAGE_SIZE = 50  # the page's page size
+#: the first page of the page's first view
+ATTENTION_PAGE = f"/api/attention?sort=severity&limit={PAGE_SIZE}"
 DEBOUNCE_S = 0.2  # the page's debounce after a change frame
+SUMMARY_EVERY_S = 1.0  # the page reads the summary at most this often
 
 Log = Callable[[str], None]
 
@@ -427,6 +435,17 @@ def queries(cp: ConsoleProc, repeat: int, walk_pages: int, log: Log) -> dict[str
     cases.append(("operations status=UNKNOWN", "/api/operations", {"status": "UNKNOWN"}))
     cases.append(("work-items open=true", "/api/work-items", {"open": "true"}))
     cases.append(("alerts status=FIRING", "/api/alerts", {"status": "FIRING"}))
+    for name, params in (
+        ("attention (first view: severity, then age)", {}),
+        ("attention sort=age", {"sort": "age"}),
+        ("attention owner=POLICY_OWNER", {"owner": "POLICY_OWNER"}),
+        ("attention kind=operation", {"kind": "operation"}),
+        ("attention q=ex-c-00012 (rare)", {"q": "ex-c-00012"}),
+        ("attention q=payments (common)", {"q": "payments"}),
+    ):
+        cases.append((name, "/api/attention", {"limit": "50"} | params))
+    cases.append(("alerts sort=severity", "/api/alerts", {"sort": "severity", "limit": "50"}))
+    cases.append(("executions q=ex-c-00999", "/api/executions", {"q": "ex-c-00999", "limit": "50"}))
     cases.append(("summary", "/api/summary", {}))
     out: dict[str, Any] = {"repeat": repeat, "pages": {}}
     with httpx.Client(base_url=cp.base, timeout=30) as client:
@@ -486,6 +505,120 @@ def queries(cp: ConsoleProc, repeat: int, walk_pages: int, log: Log) -> dict[str
     return out
 
 
+# -- the page in a browser ----------------------------------------------------------------------
+CHROMIUM = "/usr/bin/chromium"
+#: In the page: change a filter control and resolve once the list shows the answer to the
+#: query ``expect`` (the page's "vigil:rendered" event), with the milliseconds it took.
+_CHANGE_JS = """
+async ([selector, value, event, expect]) => {
+  const node = document.querySelector(selector);
+  const shown = new Promise((resolve) => {
+    const seen = (e) => {
+      if (e.detail.query === expect) {
+        document.removeEventListener("vigil:rendered", seen);
+        resolve(e.detail.query);
+      }
+    };
+    document.addEventListener("vigil:rendered", seen);
+  });
+  const t0 = performance.now();
+  node.value = value;
+  node.dispatchEvent(new Event(event, { bubbles: true }));
+  const query = await shown;
+  const rows = document.querySelectorAll("#list-table tbody tr").length;
+  return { ms: performance.now() - t0, query, rows };
+}
+"""
+
+
+def page(cp: ConsoleProc, rounds: int, log: Log) -> dict[str, Any]:
+    """The page in Debian's chromium (Playwright, headless) on the console's view: the first
+    paint of a fresh tab, and how long each kind of filter takes to be answered on the page."""
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        raise RuntimeError(f"{CHROMIUM} missing (apt-get install chromium)")
+    out: dict[str, Any] = {"rounds": rounds}
+    with httpx.Client(base_url=cp.base, timeout=30) as client:
+        out["attention_total"] = client.get("/api/attention", params={"limit": "1"}).json()["total"]
+        out["executions_total"] = client.get("/api/executions", params={"limit": "1"}).json()[
+            "total"
+        ]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            first: list[float] = []
+            shown: list[float] = []
+            nodes = 0
+            for _ in range(rounds):
+                context = browser.new_context(viewport={"width": 1280, "height": 900})
+                tab = context.new_page()
+                t0 = time.perf_counter()
+                tab.goto(f"{cp.base}/")
+                tab.wait_for_selector("#list-table tbody tr", timeout=30_000)
+                shown.append((time.perf_counter() - t0) * 1000)
+                mark = tab.evaluate("performance.getEntriesByName('vigil:first-rows')[0].startTime")
+                first.append(float(mark))
+                nodes = int(tab.evaluate("document.getElementsByTagName('*').length"))
+                context.close()
+            out["first_paint_ms"] = dist(first)
+            out["goto_to_rows_ms"] = dist(shown)
+            out["dom_elements"] = nodes
+            log(
+                f"  first paint (navigation start to the first rows): p50 "
+                f"{out['first_paint_ms']['p50']:.0f} ms, max {max(first):.0f} ms; "
+                f"{nodes:,} DOM elements"
+            )
+            context = browser.new_context(viewport={"width": 1280, "height": 900})
+            tab = context.new_page()
+            tab.goto(f"{cp.base}/")
+            tab.wait_for_selector("#list-table tbody tr", timeout=30_000)
+            top = "sort=severity&limit=50"  # the first view's own query
+            cases: list[tuple[str, str, str, str, list[tuple[str, str]]]] = [
+                ("attention owner", "#/", "#filter-owner", "change",
+                 [("POLICY_OWNER", f"owner=POLICY_OWNER&{top}"), ("", top),
+                  ("RUNTIME_OWNER", f"owner=RUNTIME_OWNER&{top}"), ("", top),
+                  ("CONNECTOR_OWNER", f"owner=CONNECTOR_OWNER&{top}"), ("", top)]),
+                ("attention kind", "#/", "#filter-kind", "change",
+                 [("operation", f"kind=operation&{top}"), ("", top),
+                  ("work_item", f"kind=work_item&{top}"), ("", top),
+                  ("approval", f"kind=approval&{top}"), ("", top)]),
+                ("attention sort", "#/", "#filter-sort", "change",
+                 [("age", "sort=age&limit=50"), ("-age", "sort=-age&limit=50"),
+                  ("severity", top)]),
+                ("attention search, typed (with the page's 80 ms debounce)", "#/", "#filter-q",
+                 "input",
+                 [("ex-c-00012", f"q=ex-c-00012&{top}"), ("payments", f"q=payments&{top}"),
+                  ("ex-c-0999", f"q=ex-c-0999&{top}"), ("", top)]),
+                ("alerts kind", "#/alerts", "#filter-kind", "change",
+                 [("APPROVAL_VERDICT", f"kind=APPROVAL_VERDICT&{top}"), ("", top),
+                  ("OPERATION_UNKNOWN", f"kind=OPERATION_UNKNOWN&{top}"), ("", top)]),
+                ("executions status", "#/list/executions", "#filter-status",
+                 "change",
+                 [("WAITING_FOR_TOOL", "status=WAITING_FOR_TOOL&limit=50"), ("", "limit=50"),
+                  ("PLANNING", "status=PLANNING&limit=50"), ("", "limit=50")]),
+            ]  # fmt: skip
+            out["filters"] = {}
+            for name, route, selector, event, steps in cases:
+                tab.goto(f"{cp.base}/{route}")
+                tab.wait_for_selector(selector, timeout=30_000)
+                tab.wait_for_selector("#list-table tbody tr", timeout=30_000)
+                times: list[float] = []
+                for _ in range(rounds):
+                    for value, expect in steps:
+                        got = tab.evaluate(_CHANGE_JS, [selector, value, event, expect])
+                        times.append(float(got["ms"]))
+                out["filters"][name] = dist(times)
+                d = out["filters"][name]
+                log(f"  filter {name}: p50 {d['p50']:.0f} ms, p99 {d['p99']:.0f} ms")
+            context.close()
+        finally:
+            browser.close()
+    every = [v["p99"] for v in out["filters"].values()]
+    out["filter_p99_ms"] = max(every)
+    return out
+
+
 # -- live latency -------------------------------------------------------------------------------
 @dataclass
 class Frame:
@@ -507,7 +640,7 @@ class Refresh:
 class Observer:
     """Follows /api/stream like the page: a reader thread timestamps ``change`` frames; a
     refresher thread, 200 ms after the first frame not yet answered, makes the page's fetches
-    for the kinds named (first pages of its lists at the page's size, the summary, the lag)
+    for the kinds named (the first page of its attention list, the summary, the lag)
     on six connections, as a browser would."""
 
     base: str
@@ -518,6 +651,7 @@ class Observer:
     hello: threading.Event = field(default_factory=threading.Event)
     errors: list[str] = field(default_factory=list)
     _cv: threading.Condition = field(default_factory=threading.Condition)
+    _summary_at: float = -1e9
 
     def start(self) -> None:
         self._threads = [
@@ -566,38 +700,25 @@ class Observer:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
 
     def _paths(self, kinds: set[str]) -> list[tuple[str, bool]]:
-        """(path, is a list) of what the page fetches after changes of ``kinds``."""
+        """(path, is a list) of what the page on its first view (the attention list)
+        fetches after changes of ``kinds``: the lag, the summary at most once a second, and
+        the list's page when a change can alter it."""
         names = {n for k in kinds for n in KIND_FETCHES.get(k, ())}
-        paths = [("/api/summary", False), ("/api/lag", False)]
-        if "approvals" in names:
-            paths += [(f"/api/approvals?verdict={v}&open=true", True) for v in ATTENTION_VERDICTS]
-        if "operations" in names:
-            paths += [(f"/api/operations?status={s}", True) for s in ("UNKNOWN", "MANUAL_REVIEW")]
-        if "work_items" in names:
-            paths.append(("/api/work-items?open=true", True))
-        if "alerts" in names:
-            paths.append(("/api/alerts?status=FIRING", True))
+        paths = [("/api/lag", False)]
+        now = time.monotonic()
+        if now - self._summary_at >= SUMMARY_EVERY_S:
+            self._summary_at = now
+            paths.append(("/api/summary", False))
+        if "attention" in names:
+            paths.append((ATTENTION_PAGE, True))
         return paths
 
     @staticmethod
     def _fetch(client: httpx.Client, path: str, is_list: bool) -> list[dict[str, Any]]:
-        """One answer, or like the page's listAll every page of 500 (at most 10)."""
-        if not is_list:
-            r = client.get(path)
-            r.raise_for_status()
-            return [r.json()]
-        answers = []
-        cursor = None
-        for _ in range(MAX_PAGES):
-            params = {"limit": str(PAGE_LIMIT)} | ({"cursor": cursor} if cursor else {})
-            r = client.get(path, params=params)
-            r.raise_for_status()
-            body = r.json()
-            answers.append(body)
-            cursor = body.get("next_cursor")
-            if not cursor:
-                break
-        return answers
+        """One answer: the page reads one page of a list, never the whole list."""
+        r = client.get(path)
+        r.raise_for_status()
+        return [r.json()]
 
     def _refresh(self) -> None:
         done = -1
@@ -831,8 +952,9 @@ def live(
             "`vigil console` on an empty view started before the inputs; an observer thread "
             "follows /api/stream (SSE) and stamps each `change` frame on receipt; a second "
             "thread, 200 ms after the first unanswered frame (the page's debounce), makes the "
-            "fetches the page makes for the kinds named (summary, lag, and the attention lists "
-            "in pages of 500) on 6 connections. Per output record of the five console topics: "
+            "fetches the page makes for the kinds named (the lag, the summary at most once a "
+            "second, the attention list's first page of 50 when the kinds can change it) on 6 "
+            "connections. Per output record of the five console topics: "
             "sse_ms = frame receipt - the record's LogAppendTime; shown_ms = end of the first "
             "refresh whose every answer's as_of offsets are past the record's offset - "
             "LogAppendTime (the record is in what the page fetched). The worker's own part "
@@ -873,6 +995,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tick", default="100ms", help="ticker interval of the latency section")
     ap.add_argument("--repeat", type=int, default=200, help="requests per query case")
     ap.add_argument("--walk-pages", type=int, default=400, help="pages per cursor walk at most")
+    ap.add_argument(
+        "--page-rounds", type=int, default=10, help="fresh tabs, and rounds of each filter"
+    )
     ap.add_argument("--sections", default=",".join(ALL), help=f"any of {', '.join(ALL)}")
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/vigil-bench-console"))
@@ -906,7 +1031,7 @@ def main(argv: list[str] | None = None) -> int:
 
     s = results["sections"]
     t_all = time.time()
-    if "catchup" in wanted or "queries" in wanted:
+    if "catchup" in wanted or "queries" in wanted or "page" in wanted:
         n = args.executions
         heading(f"catch-up: {n:,} in-flight executions' output records, empty view")
         dep = h.deployment(base, args.workdir, "concat")
@@ -937,6 +1062,21 @@ def main(argv: list[str] | None = None) -> int:
                     f"({c['records_per_s']:,.0f} records/s; {c['from_start_s']:.1f} s from "
                     f"the process start; 10-90 %: {c['records_per_s_10_to_90pct'] or 0:,.0f}/s)"
                 )
+                if "page" in wanted:
+                    heading(f"page: chromium on the console of {n:,} in-flight executions")
+                    pg = page(cp, args.page_rounds, log)
+                    pg["method"] = (
+                        "the catch-up section's console; Debian's chromium (headless, "
+                        "Playwright) on the same machine. first_paint_ms: a fresh tab's "
+                        "navigation start to the first rows of the attention list rendered "
+                        "(the page's performance mark 'vigil:first-rows'); goto_to_rows_ms the "
+                        "same from the benchmark's side. Filters: in one tab, a control set "
+                        "and its event dispatched in the page, to the list rendered with the "
+                        "answer to the new query (the page's 'vigil:rendered' event): the "
+                        "server's filter, sort and count, the fetch and the render; the typed "
+                        "search includes the page's 80 ms debounce"
+                    )
+                    s["console_page"] = pg
                 if "queries" in wanted:
                     heading(f"queries: list pages over {n:,} in-flight executions")
                     q = queries(cp, args.repeat, args.walk_pages, log)
@@ -989,6 +1129,12 @@ def summary(s: dict[str, Any]) -> dict[str, Any]:
         out["console_cursor_walk_page_p99_ms"] = max(
             v["p99"] for v in s["console_queries"]["walks"].values()
         )
+    if "console_page" in s:
+        pg = s["console_page"]
+        out["console_page_first_paint_p50_ms"] = pg["first_paint_ms"]["p50"]
+        out["console_page_first_paint_max_ms"] = pg["first_paint_ms"]["max"]
+        out["console_page_filter_p99_ms"] = pg["filter_p99_ms"]
+        out["console_page_dom_elements"] = pg["dom_elements"]
     if "console_latency" in s:
         lat = s["console_latency"]
         out["console_sse_p99_ms"] = lat["sse_ms"]["p99"]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The pure tests (no broker, no browser: `-m "not kafka"`) on each other supported Python, each
+# The pure tests (no broker, no browser: `-m "not kafka and not browser"`) on each other supported Python, each
 # in its own venv (.venv-3.12, .venv-3.13) installed from the same pins as .venv. Run by
 # scripts/test.sh at the lowest CPU priority while the whole suite runs on the main Python;
 # the versions come from VIGIL_OTHER_PYTHONS (default "3.12 3.13"; empty: none). The versions
@@ -41,7 +41,7 @@ run_on() {
     touch "$STAMP"
   fi
   echo "== pure tests on $("$VENV/bin/python" -V)"
-  (cd "$ROOT" && "$VENV/bin/python" -m pytest "$@" -m "not kafka")
+  (cd "$ROOT" && "$VENV/bin/python" -m pytest "$@" -m "not kafka and not browser")
 }
 
 LOGS="$(mktemp -d)"

@@ -18,8 +18,8 @@
   never yielded again, so nothing is lost or repeated while the worker still holds the events.
 - ``approvals(...)``, ``operations(...)``, ``work_items(...)``, ``executions(...)``,
   ``alerts(...)`` → a ``Page`` of rows from a console (``vigil console``), with
-  ``next_cursor``; ``pages(...)`` follows the cursors. ``summary()``, ``timeline(id)``,
-  ``lag()`` likewise.
+  ``next_cursor`` and ``total``; ``pages(...)`` follows the cursors. ``summary()``,
+  ``timeline(id)``, ``lag()`` likewise.
 
 Errors are typed: ``NotFound`` (404), ``Unauthorized`` (401/403), ``BadRequest`` (400, with the
 allowed values), ``Unreachable`` (no connection, a timeout, a 5xx that did not clear up);
@@ -256,10 +256,12 @@ R = TypeVar("R", bound=BaseModel)
 
 
 class Page(_View, Generic[R]):
-    """One page of a list: ``next_cursor`` (None on the last page) asks for the next one."""
+    """One page of a list: ``next_cursor`` (None on the last page) asks for the next one;
+    ``total`` is how many rows the filters select in all (None from an older console)."""
 
     items: tuple[R, ...]
     next_cursor: str | None = None
+    total: int | None = None
     as_of: AsOf = Field(default_factory=AsOf)
 
 

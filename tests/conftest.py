@@ -2,8 +2,9 @@
 
 The ``cluster`` fixture is session-scoped and lazy: a test gets a cluster by naming the
 fixture (or by carrying ``@pytest.mark.kafka``), and a run with no such test starts nothing.
-Tests that use the cluster are marked ``kafka`` automatically, so ``pytest -m "not kafka"``
-runs the pure tests alone.
+Tests that use the cluster are marked ``kafka`` automatically; the page's tests over a view
+built without Kafka are marked ``browser`` (they drive chromium), so
+``pytest -m "not kafka and not browser"`` runs the pure tests alone.
 
 Where the cluster comes from, first match wins:
 

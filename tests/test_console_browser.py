@@ -150,7 +150,9 @@ def page(stack, browser) -> Iterator[Any]:
 
 
 def _item(tab: Any, kind: str, ident: str) -> Any:
-    return tab.locator(f"article.item[data-kind='{kind}'][data-id='{ident}']")
+    """The row of the attention list about one thing (the first, for an operation with two
+    open attempts)."""
+    return tab.locator(f"#list-table tr.row[data-kind='{kind}'][data-id='{ident}']").first
 
 
 def _as_of(tab: Any) -> datetime:
@@ -181,16 +183,22 @@ def test_page_shows_the_stuck_approval_and_the_unknown_operation(stack, page) ->
     stuck = _item(page, "approval", "req-deploy")
     stuck.wait_for(timeout=SHOWN_WITHIN_MS)
     assert stuck.locator(".badge").inner_text() == "STUCK_AFTER_DECISION"
+    assert stuck.locator(".sev").inner_text() == "CRITICAL"
     assert stuck.locator(".next-step").inner_text() == deploy.next_step
-    for finding in deploy.failed_proofs:
-        assert finding.proof in stuck.inner_text()
-    group = page.locator("section.owner-group", has=stuck)
-    assert group.get_attribute("data-owner") == "RUNTIME_OWNER"
+    assert stuck.locator("td[data-label='owner']").inner_text() == "RUNTIME_OWNER"
 
     unknown = _item(page, "operation", "op-refund-1")
     unknown.wait_for(timeout=SHOWN_WITHIN_MS)
     assert unknown.locator(".badge").inner_text() == "UNKNOWN"
-    assert unknown.locator("button.verified").is_visible()
+    assert unknown.locator("button.open-review").is_visible()
+
+    # the details drawer: the failed proofs of the stuck wait
+    stuck.click()
+    page.wait_for_selector("#drawer-proofs li", timeout=SHOWN_WITHIN_MS)
+    proofs = page.locator("#drawer-proofs").inner_text()
+    for finding in deploy.failed_proofs:
+        assert finding.proof in proofs
+    page.click("#drawer-close")
 
     # the indicator: caught up (lag 0), as of at least the verdict shown
     page.wait_for_selector("#freshness:has-text('lag 0')", timeout=SHOWN_WITHIN_MS)
@@ -199,7 +207,7 @@ def test_page_shows_the_stuck_approval_and_the_unknown_operation(stack, page) ->
     # began at the scenario's time, long before the newest record's time was reached
     assert timedelta(0) <= datetime.now(UTC) - _as_of(page) < timedelta(seconds=60)
     ago = stuck.locator(".age").inner_text()
-    assert ago.endswith(" ago)") and "d" in ago, ago
+    assert ago.endswith(" ago") and "d" in ago, ago
     summary = page.locator("#summary").inner_text()
     assert "STUCK_AFTER_DECISION" in summary and "UNKNOWN" in summary
 
@@ -266,16 +274,20 @@ def test_review_settles_the_unknown_operation_as_verified(stack, page) -> None:
     row = _item(page, "operation", "op-refund-1")
     row.wait_for(timeout=SHOWN_WITHIN_MS)
     page.evaluate("window.__sameDocument = true")
+    attempt = row.get_attribute("data-attempt")
+    row.locator("button.open-review").click()
+    form = page.locator(f"#drawer-review .review[data-attempt='{attempt}']")
+    form.wait_for(timeout=SHOWN_WITHIN_MS)
     # a refusal shows the server's message (here: a wrong write token) and publishes nothing
     page.evaluate("sessionStorage.setItem('vigil.writeToken', 'not-the-write-token')")
-    row.locator("button.failed").click()
-    refused = row.locator(".review-result.refused")
+    form.locator("button.failed").click()
+    refused = form.locator(".review-result.refused")
     refused.wait_for(timeout=SHOWN_WITHIN_MS)
     assert "write token" in refused.inner_text()
     page.evaluate(f"sessionStorage.setItem('vigil.writeToken', {WRITE_TOKEN!r})")
-    row.locator("input.note").fill("refund ref R-77 found in the payments ledger")
+    form.locator("input.note").fill("refund ref R-77 found in the payments ledger")
     started = time.monotonic()
-    row.locator("button.verified").click()
+    form.locator("button.verified").click()
     page.wait_for_selector(".review-result.sent", timeout=SHOWN_WITHIN_MS)
     # the review happened now (wall clock); the ticker's part: move the inputs past it
     dep.tick(datetime.now(UTC) + timedelta(seconds=1))

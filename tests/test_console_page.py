@@ -152,3 +152,31 @@ def test_stream_ends_when_the_hub_drops_the_subscriber() -> None:
             assert (await anext(frames(r))).startswith("event: hello")
 
     serve(None, body)
+
+
+def test_an_open_stream_ends_when_the_application_shuts_down() -> None:
+    """A stopping console ends the pages' streams at once (``on_shutdown``) rather than
+    waiting out its shutdown timeout for a page that never hangs up."""
+
+    async def main() -> None:
+        hub = ChangeHub()
+        app = web.Application()
+        page.register_page(app, Ctx(hub, None))
+        server = TestServer(app)
+        await server.start_server()
+        try:
+            base = str(server.make_url("")).rstrip("/")
+            async with aiohttp.ClientSession() as s, s.get(f"{base}/api/stream") as r:
+                it = frames(r)
+                assert (await anext(it)).startswith("event: hello")
+                await app.shutdown()
+                rest = await asyncio.wait_for(_drain(it), 5)  # the stream ends, no hang
+                assert rest == []
+        finally:
+            await server.close()
+
+    asyncio.run(main())
+
+
+async def _drain(it: AsyncIterator[str]) -> list[str]:
+    return [f async for f in it if f != ": keep-alive"]

@@ -1,4 +1,5 @@
-"""The console's JSON API: lists, one execution, its timeline, a summary, the lag, health.
+"""The console's JSON API: lists, one execution, its timeline, a summary, the lag, health, and
+what the lists accept (``/api/lists``).
 
 Every answer comes from the SQLite view (queries run in worker threads, each on its own
 connection, never on the event loop) and says as of which offsets and event time it is, and
@@ -150,6 +151,13 @@ def create_app(ctx: ConsoleContext) -> web.Application:
             }
         )
 
+    async def lists(request: web.Request) -> web.Response:
+        """Every list with its filters (and their allowed values), defaults and sorts: what a
+        client needs to build its controls without a copy of them."""
+        if request.query:
+            raise QueryError("/api/lists takes no parameters", {"params": []})
+        return web.json_response({name: spec.describe() for name, spec in LISTS.items()})
+
     async def healthz(request: web.Request) -> web.Response:
         if ctx.status.alive():
             return web.json_response({"status": "ok", "lag": ctx.total_lag()})
@@ -158,6 +166,7 @@ def create_app(ctx: ConsoleContext) -> web.Application:
     app.router.add_get("/api/executions/{execution_id}", execution)
     app.router.add_get("/api/executions/{execution_id}/timeline", timeline)
     app.router.add_get("/api/summary", summary)
+    app.router.add_get("/api/lists", lists)
     app.router.add_get("/api/lag", lag)
     app.router.add_get("/healthz", healthz)
 

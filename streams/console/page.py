@@ -89,17 +89,25 @@ async def stream_changes(
     response: web.StreamResponse,
     changes: AsyncIterator[list[dict[str, Any]]],
     keepalive: float = KEEPALIVE_SECONDS,
+    stop: asyncio.Event | None = None,
 ) -> None:
     """Write each published list of changes as one ``change`` event, and a keep-alive comment
-    whenever ``keepalive`` seconds pass without one. The pending ``__anext__`` is awaited across
-    keep-alives rather than cancelled, since cancelling it would close the subscription."""
+    whenever ``keepalive`` seconds pass without one, until ``stop`` is set (the response then
+    ends cleanly). The pending ``__anext__`` is awaited across keep-alives rather than
+    cancelled, since cancelling it would close the subscription."""
     iterator = aiter(changes)
     pending: asyncio.Future[list[dict[str, Any]]] | None = None
+    stopped = asyncio.ensure_future(stop.wait()) if stop is not None else None
     try:
         while True:
             if pending is None:
                 pending = asyncio.ensure_future(anext(iterator))
-            done, _ = await asyncio.wait({pending}, timeout=keepalive)
+            waits: set[asyncio.Future[Any]] = {pending} | ({stopped} if stopped else set())
+            done, _ = await asyncio.wait(
+                waits, timeout=keepalive, return_when=asyncio.FIRST_COMPLETED
+            )
+            if stopped is not None and stopped in done:
+                return
             if not done:
                 await response.write(b": keep-alive\n\n")
                 continue
@@ -110,6 +118,8 @@ async def stream_changes(
             pending = None
             await response.write(sse_frame("change", batch))
     finally:
+        if stopped is not None and not stopped.done():
+            stopped.cancel()
         if pending is not None and not pending.done():
             pending.cancel()
             with contextlib.suppress(BaseException):
@@ -123,6 +133,12 @@ async def stream_changes(
 def register_page(app: web.Application, ctx: Any) -> None:
     """Add the page's routes to the console's application (called by ``create_app``)."""
     files = load_static()
+    #: set when the application shuts down: every open event stream ends (cleanly), so that
+    #: a stopping console does not wait out its shutdown timeout for pages that never hang up
+    stopping = asyncio.Event()
+
+    async def end_streams(_: web.Application) -> None:
+        stopping.set()
 
     async def index(_: web.Request) -> web.Response:
         body, ctype = files["index.html"]
@@ -150,11 +166,12 @@ def register_page(app: web.Application, ctx: Any) -> None:
         await response.prepare(request)
         try:
             await response.write(sse_frame("hello", {}))
-            await stream_changes(response, ctx.hub.subscribe(), KEEPALIVE_SECONDS)
+            await stream_changes(response, ctx.hub.subscribe(), KEEPALIVE_SECONDS, stopping)
         except (ConnectionResetError, ConnectionError):
             pass
         return response
 
+    app.on_shutdown.append(end_streams)
     app.router.add_get("/", index)
     app.router.add_get("/static/{name}", static)
     app.router.add_get("/api/stream", stream)

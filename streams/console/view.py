@@ -9,9 +9,14 @@ over: a record at an offset below the stored position is skipped, and a record w
 (``state_id``, ``verdict_id``, ``work_item_id``, ``resolution_id``, ``alert_id``) was
 applied before is skipped too (a worker may publish the same record again after a restart).
 
-Nothing here talks to Kafka or reads a clock: the service feeds ``apply`` decoded records and
-queries answer from the file. Ages are measured against the latest event time applied (the
-view's own clock), so two replicas with the same offsets give the same answers.
+Nothing here talks to Kafka: the service feeds ``apply`` decoded records and queries answer
+from the file. Ages run to the wall clock the view is given (``clock``): an age goes on while
+the fleet is quiet.
+
+The lists (``LISTS``) are answered a page at a time, filtered, sorted and counted by SQLite
+on indexes that lead with their filters; the attention list (``streams/console/attention.py``)
+is kept as a table of its own, derived in the same transaction as the rows it comes from,
+so that a fleet's "what needs a person" is one indexed query, not a merge of every list.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from streams.console import attention as att
+from streams.console.attention import SEVERITY_RANK_SQL
 from streams.contracts.keys import scoped_key
 from streams.contracts.models.base import Record
 from streams.contracts.models.enums import (
@@ -111,6 +118,31 @@ CREATE TABLE IF NOT EXISTS timeline (
     topic TEXT NOT NULL, partition INTEGER NOT NULL, offset INTEGER NOT NULL,
     record TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS timeline_execution ON timeline (execution_id, at_ms);
+CREATE TABLE IF NOT EXISTS attention (
+    row_key TEXT PRIMARY KEY, source_key TEXT NOT NULL, kind TEXT NOT NULL,
+    subject_id TEXT NOT NULL, alert_subject TEXT NOT NULL, execution_id TEXT NOT NULL,
+    operation_id TEXT, attempt INTEGER, label TEXT NOT NULL, owner TEXT NOT NULL,
+    severity TEXT NOT NULL, sev_rank INTEGER NOT NULL, connector TEXT, action TEXT,
+    since_ms INTEGER NOT NULL, due_ms INTEGER NOT NULL, next_step TEXT NOT NULL,
+    search TEXT NOT NULL, base_severity TEXT NOT NULL, base_next_step TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS attention_source ON attention (source_key);
+CREATE INDEX IF NOT EXISTS attention_subject ON attention (execution_id, alert_subject);
+CREATE INDEX IF NOT EXISTS attention_severity ON attention (sev_rank, since_ms, row_key);
+CREATE INDEX IF NOT EXISTS attention_since ON attention (since_ms, row_key);
+CREATE INDEX IF NOT EXISTS attention_owner ON attention (owner, sev_rank, since_ms, row_key);
+CREATE INDEX IF NOT EXISTS attention_kind ON attention (kind, sev_rank, since_ms, row_key);
+"""
+#: Indexes that fit the lists' filters and sorts (a filter column first, then the sort and the
+#: id, so a filtered page is a range of one index) and the summary's counts (covering).
+_LIST_INDEXES = f"""
+CREATE INDEX IF NOT EXISTS executions_status ON executions (status, since_ms, execution_id);
+CREATE INDEX IF NOT EXISTS executions_terminal ON executions (terminal, since_ms, execution_id);
+CREATE INDEX IF NOT EXISTS operations_status ON operations (status, since_ms, row_key);
+CREATE INDEX IF NOT EXISTS approvals_open ON approvals (open, verdict, started_ms, row_key);
+CREATE INDEX IF NOT EXISTS work_items_open ON work_items (open, deadline_ms, row_key);
+CREATE INDEX IF NOT EXISTS alerts_firing ON alerts (firing, occurred_at_ms, alert_id);
+CREATE INDEX IF NOT EXISTS alerts_firing_severity
+    ON alerts (firing, {SEVERITY_RANK_SQL}, occurred_at_ms, alert_id);
 """
 
 
@@ -244,7 +276,16 @@ class Filter:
     column: str
     #: allowed values; None: free text (bounded length)
     values: tuple[str, ...] | None = None
-    kind: str = "text"  # text | bool | time_before | time_after
+    kind: str = "text"  # text | bool | time_before | time_after | search
+    #: search: the columns (or expressions) the text is looked for in, case-insensitively
+    columns: tuple[str, ...] = ()
+    #: search: what those are, for the 400 answer and /api/lists
+    about: str = ""
+
+
+#: A sort: the column (or the columns, compared in order) and whether it runs descending. The
+#: row's id breaks ties, so (sort columns, id) is a total order and a cursor is exact.
+Sort = tuple[str | tuple[str, ...], bool]
 
 
 @dataclass(frozen=True)
@@ -252,11 +293,21 @@ class ListSpec:
     name: str
     table: str
     id_column: str
-    sorts: Mapping[str, tuple[str, bool]]  # name -> (column, descending)
+    sorts: Mapping[str, Sort]  # name -> (column or columns, descending)
     default_sort: str
     filters: Mapping[str, Filter]
     #: filters applied when the query does not name them
     defaults: Mapping[str, str] = field(default_factory=dict)
+    #: a row is listed once the wall clock has reached this column (None: always)
+    due_column: str | None = None
+    #: a column naming the row another list's row comes from (``table|row_key``): that row's
+    #: item is read for the rows of a page only, so the list's own table stays narrow and a
+    #: count or a search scans little
+    source_column: str | None = None
+
+    def columns(self, sort: str) -> tuple[str, ...]:
+        column = self.sorts[sort][0]
+        return (column,) if isinstance(column, str) else column
 
     def allowed(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -271,9 +322,24 @@ class ListSpec:
                 out[name] = ["true", "false"]
             elif f.kind.startswith("time"):
                 out[name] = "ISO 8601 time with a UTC offset"
+            elif f.kind == "search":
+                where = f.about or ", ".join(f.columns)
+                out[name] = f"text found in {where} (any case), at most {MAX_TEXT} characters"
             else:
                 out[name] = f"text, at most {MAX_TEXT} characters"
         return out
+
+    def describe(self) -> dict[str, Any]:
+        """The list for a client building its controls (``/api/lists``): its filters with
+        their allowed values, the filters applied by default, its sorts and the default one."""
+        return {
+            "path": f"/api/{self.name}",
+            "allowed": self.allowed(),
+            "defaults": dict(self.defaults),
+            "sorts": list(self.sorts),
+            "default_sort": self.default_sort,
+            "max_limit": MAX_LIMIT,
+        }
 
 
 def _names(enum: Any) -> tuple[str, ...]:
@@ -281,7 +347,40 @@ def _names(enum: Any) -> tuple[str, ...]:
 
 
 _OWNERS = _names(Owner)
+_SEVERITIES = _names(Severity)
+#: the tables an attention row may come from
+_SOURCE_TABLES = frozenset({"approvals", "operations", "work_items"})
+
+
+def _search(*columns: str, about: str = "") -> Filter:
+    return Filter("", kind="search", columns=columns, about=about)
+
+
 LISTS: dict[str, ListSpec] = {
+    "attention": ListSpec(
+        "attention",
+        "attention",
+        "row_key",
+        # severity: the most severe first, then the oldest; age: the oldest first
+        {
+            "severity": (("sev_rank", "since_ms"), False),
+            "age": ("since_ms", False),
+            "-age": ("since_ms", True),
+        },
+        "severity",
+        {
+            "kind": Filter("kind", att.KINDS),
+            "owner": Filter("owner", _OWNERS),
+            "severity": Filter("severity", _SEVERITIES),
+            # an approval verdict, an attempt status, or OVERDUE <work item kind>
+            "label": Filter("label"),
+            "connector": Filter("connector"),
+            "execution_id": Filter("execution_id"),
+            "q": _search("search", about="ids, connector, action, label"),
+        },
+        due_column="due_ms",
+        source_column="source_key",
+    ),
     "approvals": ListSpec(
         "approvals",
         "approvals",
@@ -299,6 +398,7 @@ LISTS: dict[str, ListSpec] = {
             "action": Filter("action"),
             "execution_id": Filter("execution_id"),
             "open": Filter("open", kind="bool"),
+            "q": _search("request_id", "execution_id", "action"),
         },
     ),
     "operations": ListSpec(
@@ -312,6 +412,7 @@ LISTS: dict[str, ListSpec] = {
             "connector": Filter("connector"),
             "owner": Filter("owner", _OWNERS),
             "execution_id": Filter("execution_id"),
+            "q": _search("operation_id", "execution_id", "connector"),
         },
     ),
     "work-items": ListSpec(
@@ -325,6 +426,7 @@ LISTS: dict[str, ListSpec] = {
             "kind": Filter("kind", _names(WorkItemKind)),
             "connector": Filter("connector"),
             "execution_id": Filter("execution_id"),
+            "q": _search("work_item_id", "operation_id", "execution_id", "connector"),
         },
         {"open": "true"},
     ),
@@ -339,33 +441,54 @@ LISTS: dict[str, ListSpec] = {
             "terminal": Filter("terminal", kind="bool"),
             "since_before": Filter("since_ms", kind="time_before"),
             "since_after": Filter("since_ms", kind="time_after"),
+            "q": _search("execution_id"),
         },
     ),
     "alerts": ListSpec(
         "alerts",
         "alerts",
         "alert_id",
-        {"occurred_at": ("occurred_at_ms", False), "-occurred_at": ("occurred_at_ms", True)},
+        # severity: the most severe first, then the oldest
+        {
+            "occurred_at": ("occurred_at_ms", False),
+            "-occurred_at": ("occurred_at_ms", True),
+            "severity": ((SEVERITY_RANK_SQL, "occurred_at_ms"), False),
+        },
         "occurred_at",
         {
             # FIRING: not closed by a later RESOLVED alert; RESOLVED: closed
             "status": Filter("firing", ("FIRING", "RESOLVED")),
             "owner": Filter("owner", _OWNERS),
-            "severity": Filter("severity", _names(Severity)),
+            "severity": Filter("severity", _SEVERITIES),
             "kind": Filter("kind", _names(AlertKind)),
             "execution_id": Filter("execution_id"),
+            "q": _search(
+                "alert_id",
+                "execution_id",
+                "json_extract(record, '$.subject_id')",
+                about="alert_id, execution_id, subject_id",
+            ),
         },
         {"status": "FIRING"},
     ),
 }
 
 
-def encode_cursor(sort: str, value: int, ident: str) -> str:
-    raw = json.dumps({"s": sort, "v": value, "id": ident}, separators=(",", ":"))
+CursorValue = int | tuple[int, ...]
+
+
+def encode_cursor(sort: str, value: CursorValue, ident: str) -> str:
+    """A cursor after the row with sort ``value`` (one int, or one per sort column) and id."""
+    v: Any = list(value) if isinstance(value, tuple) else value
+    raw = json.dumps({"s": sort, "v": v, "id": ident}, separators=(",", ":"))
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-def decode_cursor(text: str, sort: str, allowed: Mapping[str, Any]) -> tuple[int, str]:
+def _cursor_int(value: Any) -> bool:
+    return type(value) is int and abs(value) <= 2**62
+
+
+def decode_cursor(text: str, sort: str, allowed: Mapping[str, Any]) -> tuple[CursorValue, str]:
     """The (sort value, id) a cursor resumes after; a QueryError for anything else."""
     try:
         padded = text + "=" * (-len(text) % 4)
@@ -375,7 +498,11 @@ def decode_cursor(text: str, sort: str, allowed: Mapping[str, Any]) -> tuple[int
     if not isinstance(data, dict) or set(data) != {"s", "v", "id"}:
         raise QueryError("cursor: not a cursor this console gave out", allowed)
     value, ident = data["v"], data["id"]
-    if type(value) is not int or not isinstance(ident, str) or abs(value) > 2**62:
+    if isinstance(value, list) and 1 < len(value) <= 4 and all(map(_cursor_int, value)):
+        value = tuple(value)
+    elif not _cursor_int(value):
+        raise QueryError("cursor: not a cursor this console gave out", allowed)
+    if not isinstance(ident, str):
         raise QueryError("cursor: not a cursor this console gave out", allowed)
     if data["s"] != sort:
         raise QueryError(f"cursor: given out for sort={data['s']}, not sort={sort}", allowed)
@@ -411,9 +538,16 @@ class Page:
     items: list[dict[str, Any]]
     next_cursor: str | None
     as_of: dict[str, Any]
+    #: rows the filters select, on every page (not only the ones left after the cursor)
+    total: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"items": self.items, "next_cursor": self.next_cursor, "as_of": self.as_of}
+        return {
+            "items": self.items,
+            "next_cursor": self.next_cursor,
+            "total": self.total,
+            "as_of": self.as_of,
+        }
 
 
 # --------------------------------------------------------------------------------------------
@@ -457,8 +591,47 @@ class ConsoleView:
             for name in names:
                 if name not in KEPT_TABLES and not name.startswith("sqlite_"):
                     db.execute(f'DROP TABLE IF EXISTS "{name}"')
-        db.executescript(_SCHEMA)
+        had_attention = db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'attention'"
+        ).fetchone()
+        db.executescript(_SCHEMA + _LIST_INDEXES)
+        if not had_attention:
+            # A file from before the attention list: derive it from the rows it holds.
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                self.derive_attention(db)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def derive_attention(self, db: sqlite3.Connection | None = None) -> int:
+        """Derive the attention list again from every approval, operation and work item the
+        view holds; returns the rows it has. (On a file from before the list, and for a view
+        whose tables were filled directly, as the scale tests do.)"""
+        own = db is None
+        db = self._db if db is None else db
+        if own:
+            self._write_lock.acquire()
+            db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("DELETE FROM attention")
+            for table in ("approvals", "operations", "work_items"):
+                keys = [k for (k,) in db.execute(f"SELECT row_key FROM {table}")]
+                for key in keys:
+                    self._attention(db, table, key)
+            (n,) = db.execute("SELECT count(*) FROM attention").fetchone()
+            if own:
+                db.execute("COMMIT")
+            return int(n)
+        except BaseException:
+            if own:
+                db.execute("ROLLBACK")
+            raise
+        finally:
+            if own:
+                self._write_lock.release()
 
     def _reader(self) -> sqlite3.Connection:
         if self.path == ":memory:":
@@ -542,7 +715,14 @@ class ConsoleView:
         rec = item.record
         assert rec is not None
         if isinstance(rec, ReconciliationCheck):
-            return self._apply_check(db, rec)
+            change = self._apply_check(db, rec)
+            if change is not None:  # the work item's row in the attention list shows it too
+                for (key,) in db.execute(
+                    "SELECT row_key FROM work_items WHERE work_item_id = ?", (rec.work_item_id,)
+                ).fetchall():
+                    self._attention(db, "work_items", key)
+                self._operation_attention(db, rec.execution_id, rec.operation_id)
+            return change
         if not isinstance(
             rec,
             ExecutionState
@@ -641,7 +821,153 @@ class ConsoleView:
                      rec.execution_id, int(closed is None), _ms(rec.occurred_at), body,
                      closed[0] if closed else None),
                 )  # fmt: skip
+        self._derive(db, rec)
         return {"kind": kind, "id": subject, "execution_id": rec.execution_id}
+
+    # ------------------------------------------------------------ the attention list
+
+    def _derive(self, db: sqlite3.Connection, rec: Record) -> None:
+        """Keep the attention rows of what ``rec`` changed in step with it (attention.py)."""
+        # Most records make no attention row: those only remove what their source had (one
+        # indexed delete), read from the stored row where an older record may have been
+        # kept over ``rec``.
+        if isinstance(rec, ApprovalVerdict):
+            key = scoped_key(rec.execution_id, rec.request_id)
+            stored = db.execute(
+                "SELECT open, verdict FROM approvals WHERE row_key = ?", (key,)
+            ).fetchone()
+            wanted = stored is not None and stored[0] and stored[1] in att.ATTENTION_VERDICTS
+            self._attention(db, "approvals", key, derive=bool(wanted))
+        elif isinstance(rec, OperationState):
+            # the state always replaces the row: it is the stored one (an older attempt the
+            # view knows of through its work item is the work item's to bring)
+            wanted = (
+                rec.status.value in att.REVIEWABLE
+                or (rec.held_by_status is not None and rec.held_by_status.value in att.REVIEWABLE)
+                or rec.open_work_item_id is not None
+            )
+            key = scoped_key(rec.execution_id, rec.operation_id)
+            self._attention(db, "operations", key, derive=wanted)
+        elif isinstance(rec, ReconciliationWorkItem | WorkItemResolution):
+            key = scoped_key(rec.execution_id, rec.work_item_id)
+            stored = db.execute("SELECT open FROM work_items WHERE row_key = ?", (key,)).fetchone()
+            self._attention(db, "work_items", key, derive=bool(stored and stored[0]))
+            self._operation_attention(db, rec.execution_id, rec.operation_id)
+        elif isinstance(rec, Alert):
+            # an alert raises the severity of the rows about its subject, a RESOLVED one
+            # lowers it again: their severity and next step with the alerts firing now
+            subjects = {rec.subject_id}
+            if rec.resolves_alert_id:
+                closed = db.execute(
+                    "SELECT json_extract(record, '$.subject_id') FROM alerts WHERE alert_id = ?",
+                    (rec.resolves_alert_id,),
+                ).fetchone()
+                if closed is not None and closed[0]:
+                    subjects.add(closed[0])
+            for subject in subjects:
+                self._raise(db, rec.execution_id, subject)
+
+    def _operation_attention(self, db: sqlite3.Connection, execution_id: str, op: str) -> None:
+        """An operation's rows derived again when one of its work items changes: when the
+        operation's item lists every attempt the view knows of, a work item is how an older
+        attempt becomes known, or settled."""
+        key = scoped_key(execution_id, op)
+        if db.execute("SELECT 1 FROM operations WHERE row_key = ?", (key,)).fetchone():
+            self._attention(db, "operations", key)
+
+    @staticmethod
+    def _firing(db: sqlite3.Connection, execution_id: str, subject: str) -> list[att.FiringAlert]:
+        """The alerts firing about one subject of one execution."""
+        return [
+            att.FiringAlert(sev, step or "", at)
+            for sev, step, at in db.execute(
+                "SELECT severity, json_extract(record, '$.next_step'), occurred_at_ms"
+                " FROM alerts WHERE execution_id = ? AND firing = 1"
+                " AND json_extract(record, '$.subject_id') = ?",
+                (execution_id, subject),
+            )
+        ]
+
+    def _raise(self, db: sqlite3.Connection, execution_id: str, subject: str) -> None:
+        """The severity and next step of the attention rows about a subject, with the alerts
+        firing about it now (attention.raised)."""
+        found = db.execute(
+            "SELECT row_key, kind, base_severity, base_next_step, severity, next_step"
+            " FROM attention WHERE execution_id = ? AND alert_subject = ?",
+            (execution_id, subject),
+        ).fetchall()
+        if not found:
+            return
+        alerts = self._firing(db, execution_id, subject)
+        for key, kind, base, base_step, severity, step in found:
+            new = att.raised(kind, base, base_step, alerts)
+            if new != (severity, step):
+                db.execute(
+                    "UPDATE attention SET severity = ?, sev_rank = ?, next_step = ?"
+                    " WHERE row_key = ?",
+                    (new[0], att.rank(new[0]), new[1], key),
+                )
+
+    def _attention(
+        self, db: sqlite3.Connection, table: str, row_key: str, derive: bool = True
+    ) -> None:
+        """Replace the attention rows of one approval, operation or work item row (with
+        ``derive`` False: only remove them, the row makes none)."""
+        source = att.source_key(table, row_key)
+        db.execute("DELETE FROM attention WHERE source_key = ?", (source,))
+        if not derive:
+            return
+        cur = db.execute(f"SELECT * FROM {table} WHERE row_key = ?", (row_key,))
+        found = cur.fetchone()
+        if found is None:
+            return
+        row = dict(zip([d[0] for d in cur.description], found, strict=True))
+        item = self._item(table, row, None)
+        item.pop("age_seconds", None)
+        ex = row["execution_id"]
+
+        if table == "approvals":
+            rows = att.approval_rows(row_key, item, row["started_ms"])
+        elif table == "operations":
+            # an older attempt's age: since its first state in that status (the timeline),
+            # else since its work item was opened
+            since_of: dict[int, int] = {}
+            for n, status in att.open_attempts(item).items():
+                if n == item["attempt"]:
+                    continue
+                (at,) = db.execute(
+                    "SELECT min(at_ms) FROM timeline WHERE execution_id = ?"
+                    " AND kind = 'operation' AND subject_id = ?"
+                    " AND json_extract(record, '$.attempt') = ?"
+                    " AND json_extract(record, '$.status') = ?",
+                    (ex, item["operation_id"], n, status),
+                ).fetchone()
+                if at is None:
+                    (at,) = db.execute(
+                        "SELECT min(created_at_ms) FROM work_items WHERE execution_id = ?"
+                        " AND operation_id = ? AND json_extract(record, '$.attempt') = ?",
+                        (ex, item["operation_id"], n),
+                    ).fetchone()
+                if at is not None:
+                    since_of[n] = at
+            rows = att.operation_rows(row_key, item, row["since_ms"], since_of)
+        else:
+            rows = att.work_item_rows(row_key, item, row["deadline_ms"])
+        if not rows:
+            return
+        alerts = self._firing(db, ex, rows[0].alert_subject)
+        rows = [r.with_alerts(alerts) for r in rows]
+        db.executemany(
+            "INSERT OR REPLACE INTO attention VALUES"
+            " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (r.row_key, r.source_key, r.kind, r.subject_id, r.alert_subject, r.execution_id,
+                 r.operation_id, r.attempt, r.label, r.owner, r.severity, att.rank(r.severity),
+                 r.connector, r.action, r.since_ms, r.due_ms, r.next_step, r.search,
+                 r.base_severity, r.base_next_step)
+                for r in rows
+            ],
+        )  # fmt: skip
 
     @staticmethod
     def _apply_check(db: sqlite3.Connection, rec: ReconciliationCheck) -> Change | None:
@@ -711,7 +1037,9 @@ class ConsoleView:
         return self._as_of(self._reader())
 
     def query(self, name: str, params: Mapping[str, str]) -> Page:
-        """One page of a list, from query-string parameters (all text, as given)."""
+        """One page of a list, from query-string parameters (all text, as given), with the
+        number of rows the filters select (``total``: the page never hides that there are
+        more)."""
         spec = LISTS.get(name)
         if spec is None:
             raise QueryError(f"no list {name!r}", {"lists": list(LISTS)})
@@ -730,7 +1058,8 @@ class ConsoleView:
         sort = params.get("sort", spec.default_sort)
         if sort not in spec.sorts:
             raise QueryError(f"sort: unknown value {sort[:40]!r}", allowed)
-        column, desc = spec.sorts[sort]
+        columns = spec.columns(sort)
+        desc = spec.sorts[sort][1]
         where: list[str] = []
         args: list[Any] = []
         for fname, f in spec.filters.items():
@@ -757,40 +1086,87 @@ class ConsoleView:
             elif f.kind == "time_after":
                 where.append(f"{f.column} >= ?")
                 args.append(_parse_time(fname, value, allowed))
+            elif f.kind == "search":
+                text = _text_ok(fname, value, allowed).strip().lower()
+                if text:
+                    where.append(
+                        "(" + " OR ".join(f"instr(lower({c}), ?) > 0" for c in f.columns) + ")"
+                    )
+                    args += [text] * len(f.columns)
             else:
                 where.append(f"{f.column} = ?")
                 args.append(_text_ok(fname, value, allowed))
-        if "cursor" in params:
-            value, ident = decode_cursor(params["cursor"], sort, allowed)
-            op = "<" if desc else ">"
-            where.append(f"({column} {op} ? OR ({column} = ? AND {spec.id_column} {op} ?))")
-            args += [value, value, ident]
-        order = "DESC" if desc else "ASC"
-        sql = (
-            f"SELECT {column}, {spec.id_column}, * FROM {spec.table}"
-            + (f" WHERE {' AND '.join(where)}" if where else "")
-            + f" ORDER BY {column} {order}, {spec.id_column} {order} LIMIT ?"
-        )
         db = self._reader()
-        db.execute("BEGIN")  # one snapshot for the rows and their as_of
+        db.execute("BEGIN")  # one snapshot for the rows, their count and their as_of
         try:
+            now = self._now_ms(db)
+            if spec.due_column is not None:
+                where.append(f"{spec.due_column} <= ?")
+                args.append(now)
+            filtered = list(where)
+            filtered_args = list(args)
+            if "cursor" in params:
+                value, ident = decode_cursor(params["cursor"], sort, allowed)
+                values = value if isinstance(value, tuple) else (value,)
+                if len(values) != len(columns):
+                    raise QueryError("cursor: not a cursor this console gave out", allowed)
+                op = "<" if desc else ">"
+                # a row value: SQLite seeks the index to the cursor instead of scanning to it
+                where.append(f"({', '.join(columns)}, {spec.id_column}) {op} "
+                             f"({', '.join('?' * (len(columns) + 1))})")  # fmt: skip
+                args += [*values, ident]
+            order = "DESC" if desc else "ASC"
+            clause = f" WHERE {' AND '.join(where)}" if where else ""
+            sql = (
+                f"SELECT {', '.join(columns)}, {spec.id_column}, * FROM {spec.table}{clause}"
+                f" ORDER BY {', '.join(f'{c} {order}' for c in columns)},"
+                f" {spec.id_column} {order} LIMIT ?"
+            )
             cur = db.execute(sql, [*args, limit + 1])
             names = [d[0] for d in cur.description or ()]
             rows = cur.fetchall()
+            count_clause = f" WHERE {' AND '.join(filtered)}" if filtered else ""
+            (total,) = db.execute(
+                f"SELECT count(*) FROM {spec.table}{count_clause}", filtered_args
+            ).fetchone()
+            more = len(rows) > limit
+            rows = rows[:limit]
+            n = len(columns)
+            found = [dict(zip(names[n + 1 :], r[n + 1 :], strict=True)) for r in rows]
+            if spec.source_column is not None and found:
+                wanted: dict[str, set[str]] = {}
+                for f in found:
+                    table, _, key = f[spec.source_column].partition("|")
+                    wanted.setdefault(table, set()).add(key)
+                sources: dict[str, dict[str, Any]] = {}
+                for table, keys in wanted.items():
+                    if table not in _SOURCE_TABLES:
+                        continue
+                    cur = db.execute(
+                        f"SELECT * FROM {table} WHERE row_key IN ({', '.join('?' * len(keys))})",
+                        sorted(keys),
+                    )
+                    cols = [d[0] for d in cur.description or ()]
+                    for r in cur:
+                        src = dict(zip(cols, r, strict=True))
+                        sources[f"{table}|{src['row_key']}"] = self._item(table, src, now)
+                for f in found:
+                    f["source"] = sources.get(f[spec.source_column], {})
             as_of = self._as_of(db)
-            now = self._now_ms(db)
         finally:
             db.execute("COMMIT")
-        more = len(rows) > limit
-        rows = rows[:limit]
-        items = [
-            self._item(spec.table, dict(zip(names[2:], r[2:], strict=True)), now) for r in rows
-        ]
-        next_cursor = encode_cursor(sort, rows[-1][0], rows[-1][1]) if more and rows else None
-        return Page(items, next_cursor, as_of)
+        items = [self._item(spec.table, f, now) for f in found]
+        next_cursor = None
+        if more and rows:
+            last = rows[-1]
+            key: CursorValue = last[0] if n == 1 else tuple(last[:n])
+            next_cursor = encode_cursor(sort, key, last[n])
+        return Page(items, next_cursor, as_of, total)
 
     @staticmethod
     def _item(table: str, row: dict[str, Any], now: int | None) -> dict[str, Any]:
+        if table == "attention":
+            return ConsoleView._attention_item(row, now)
         item: dict[str, Any] = json.loads(row["record"])
         if table == "operations":
             item["owner"] = row["owner"]
@@ -812,6 +1188,32 @@ class ConsoleView:
         elif table == "executions":
             pass
         return item
+
+    @staticmethod
+    def _attention_item(row: dict[str, Any], now: int | None) -> dict[str, Any]:
+        """A row of the attention list, with the row it comes from (``record``, as its own
+        list gives it; for an attempt, whether it is an older one holding the retry verdict)."""
+        record = dict(row.get("source") or {})
+        record.pop("age_seconds", None)
+        if row["kind"] == "operation" and record:
+            record["holds_retry"] = record.get("attempt") != row["attempt"]
+            record["attempt_status"] = row["label"]
+        return {
+            "kind": row["kind"],
+            "subject_id": row["subject_id"],
+            "execution_id": row["execution_id"],
+            "operation_id": row["operation_id"],
+            "attempt": row["attempt"],
+            "label": row["label"],
+            "owner": row["owner"],
+            "severity": row["severity"],
+            "connector": row["connector"],
+            "action": row["action"],
+            "since": _iso(row["since_ms"]),
+            "age_seconds": (max(0.0, (now - row["since_ms"]) / 1000) if now is not None else None),
+            "next_step": row["next_step"],
+            "record": record,
+        }
 
     def execution(self, execution_id: str) -> dict[str, Any] | None:
         """One execution with its operations, approvals, work items and alerts; None when the
