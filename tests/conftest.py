@@ -21,11 +21,18 @@ from collections.abc import Iterator
 from typing import Literal
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from streams.local import stack as localstack
 from streams.local.stack import CCOMPAT_PATH, REGISTRY_MAX_SUBJECTS, Cluster
 
 Origin = Literal["env", "docker", "local"]
+
+# Speed is measured by the benchmarks, never asserted: no per-example deadline. On a loaded
+# machine, or in the other Pythons' run at the lowest CPU priority, one example can take
+# longer than hypothesis's default 200 ms, which says nothing about the code.
+hypothesis_settings.register_profile("vigil", deadline=None)
+hypothesis_settings.load_profile("vigil")
 
 KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"
 REGISTRY_IMAGE = f"apicurio/apicurio-registry:{localstack.APICURIO_VERSION}"
