@@ -4,6 +4,7 @@ producing and reading back records."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -12,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from streams.contracts.models.base import Record
 from streams.kafka.admin import create_topics, prepare_registry
 from streams.kafka.clients import ConsumedRecord, RecordProducer, consume
 from streams.kafka.topics import Topics
+from streams.local import stack as localstack
 from streams.local.stack import Cluster
 from streams.settings import Settings
 
@@ -285,3 +287,66 @@ def by_id(records: Iterable[ConsumedRecord]) -> dict[str, Record]:
             assert out[rid] == rec, f"same id, different record: {rid}"
         out[rid] = rec
     return out
+
+
+def free_block(size: int) -> int:
+    """A first port of ``size`` consecutive free ports on 127.0.0.1 (nodes listen on the
+    first and every second one after it, controllers on the ports between), below the
+    ephemeral range, where the system's outgoing connections would take them meanwhile."""
+    rng = random.Random()
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
+    for _ in range(200):
+        base = rng.randrange(20000, low - size)
+        held: list[socket.socket] = []
+        try:
+            for port in range(base, base + size):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise AssertionError("no block of free ports")
+
+
+@contextmanager
+def own_brokers(
+    cluster: Cluster, state_dir: Path, brokers: int = 1, timeout: float = 150.0
+) -> Iterator[tuple[Cluster, localstack.Settings]]:
+    """Kafka broker(s) of a test's own (own ports and data dir under ``state_dir``, the jars
+    of the shared download cache), with the session's schema registry: for a test that stops
+    or kills brokers, which on the session's broker would disturb every test after it, and
+    which there meets a broker holding the whole session's partitions. Skips without a Java.
+    Killed -9 and wiped after: the data is deleted anyway, and a controlled shutdown costs
+    seconds per node."""
+    import pytest
+
+    try:
+        localstack.find_java()
+    except localstack.LocalStackError as exc:
+        pytest.skip(f"brokers of a test's own need a Java to run on: {exc}")
+    base = free_block(2 * brokers)
+    settings = localstack.Settings(
+        cache_dir=localstack.Settings.from_env().cache_dir,
+        state_dir=state_dir,
+        kafka_port=base,
+        controller_port=base + 1,
+        registry_port=0,  # not started: the session's registry serves
+        brokers=brokers,
+    )
+    bootstrap = None
+    try:
+        started = localstack.up(settings=settings, services=("kafka",), timeout=timeout)
+        bootstrap = started.bootstrap_servers
+        yield Cluster(bootstrap, cluster.schema_registry_url), settings
+    finally:
+        # their topics go with the brokers: nothing for delete_made_topics to wait on
+        made[:] = [m for m in made if m[0].bootstrap_servers != bootstrap]
+        for pid in localstack.broker_pids(settings).values():
+            with suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        localstack.wipe(settings)

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import signal
-import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -32,7 +30,7 @@ from streams.contracts.models.base import Record
 from streams.kafka.clients import ConsumedRecord
 from streams.local import stack as localstack
 from streams.local.stack import Cluster
-from tests.support import Deployment, deployment, worker
+from tests.support import Deployment, deployment, own_brokers, worker
 from tests.test_backlog_faults_kafka import SESSION, Backfill, Progress
 from tests.test_faults_kafka import (
     assert_same_as_offline,
@@ -51,31 +49,6 @@ EXECUTIONS = 1200
 #: the broker is killed once this share of the execution-status records is acknowledged:
 #: the first commit or so
 KILL_AT = 0.05
-START_TIMEOUT_S = 150
-
-
-def free_block(size: int) -> int:
-    """A first port of ``size`` consecutive free ports on 127.0.0.1 (nodes listen on the
-    first and every second one after it, controllers on the ports between), below the
-    ephemeral range, where the system's outgoing connections would take them meanwhile."""
-    rng = random.Random()
-    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
-    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
-    for _ in range(200):
-        base = rng.randrange(20000, low - size)
-        held: list[socket.socket] = []
-        try:
-            for port in range(base, base + size):
-                sock = socket.socket()
-                held.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in held:
-                sock.close()
-    raise AssertionError("no block of free ports")
 
 
 @pytest.fixture(scope="module")
@@ -84,31 +57,10 @@ def three_brokers(
 ) -> Iterator[tuple[Cluster, localstack.Settings]]:
     """A three-broker cluster of this test's own (own ports and data dir, the jars of the
     shared download cache), with the session's schema registry; stopped and wiped after."""
-    try:
-        localstack.find_java()
-    except localstack.LocalStackError as exc:
-        pytest.skip(f"the three brokers need a Java to run on: {exc}")
-    base = free_block(6)
-    settings = localstack.Settings(
-        cache_dir=localstack.Settings.from_env().cache_dir,
-        state_dir=tmp_path_factory.mktemp("three-brokers"),
-        kafka_port=base,
-        controller_port=base + 1,
-        registry_port=0,  # not started: the session's registry serves
-        brokers=3,
-    )
     began = time.monotonic()
-    try:
-        brokers = localstack.up(settings=settings, services=("kafka",), timeout=START_TIMEOUT_S)
+    with own_brokers(cluster, tmp_path_factory.mktemp("three-brokers"), brokers=3) as made:
         print(f"three brokers up in {time.monotonic() - began:.0f}s")
-        yield Cluster(brokers.bootstrap_servers, cluster.schema_registry_url), settings
-    finally:
-        # kill -9: the data is deleted anyway, and a controlled shutdown of three nodes costs
-        # seconds each (one of them already dead)
-        for pid in localstack.broker_pids(settings).values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-        localstack.wipe(settings)
+        yield made
 
 
 def replication_of(dep: Deployment, names: list[str]) -> dict[str, tuple[int, str]]:

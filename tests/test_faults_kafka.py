@@ -56,7 +56,7 @@ from streams.contracts.models.outputs import (
 from streams.kafka.clients import ConsumedRecord
 from streams.kafka.partitioning import partition_of
 from streams.local.scenario import Step, Tick
-from tests.support import Deployment, by_id, deployment, kill_hard, worker
+from tests.support import Deployment, by_id, deployment, kill_hard, own_brokers, worker
 from tests.test_pipeline_kafka import offline
 
 pytestmark = pytest.mark.kafka
@@ -686,39 +686,41 @@ def test_kill_9_and_restart_rocksdb_store(restarts) -> None:
     check_restart(restarts.result("rocksdb"))
 
 
-# -- 4: the broker restarts (last: it disturbs everyone on the cluster) ---------------------
-def test_broker_restart_during_processing(cluster, cluster_origin, tmp_path: Path) -> None:
-    """The local broker is stopped (SIGTERM) and started again while the worker processes a
-    steady stream; the worker stays up, reconnects and carries on; the broker is left up."""
-    if cluster_origin != "local":
-        pytest.skip(f"the broker can only be restarted on the local stack, not {cluster_origin}")
+# -- 4: the broker restarts ------------------------------------------------------------------
+def test_broker_restart_during_processing(
+    cluster, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """A broker of the test's own (``own_brokers``: restarting the session's would disturb
+    every test after it) is stopped (SIGTERM) and started again while the worker processes a
+    steady stream; the worker stays up, reconnects and carries on."""
     from streams.local import stack as localstack
 
     for runs in RUNNING:
-        runs.join()  # never restart the broker under the kill scenarios
-    dep = deployment(cluster, tmp_path, partitions=3)
-    steps = steady_stream(20)
-    expected = offline(steps, dep.settings)
-    # Production pauses while the broker is away: records in flight across a broker restart
-    # were seen written twice (despite enable.idempotence), and the offsets would then no
-    # longer be the ones offline() assumes.
-    resume = threading.Event()
-    feeder = Feeder(dep, steps, pace=0.1, gate=resume, gate_at=at(35))
-    try:
-        with worker(dep, reticks=False) as w:
-            feeder.start()
-            assert feeder.at_gate.wait(90), "the first half of the stream was never produced"
-            done_before = len(read_now(dep, outputs(dep)))
-            localstack.down(services=("kafka",))  # while the worker digests the first half
-            time.sleep(3)
-            localstack.up()
+        runs.join()  # the kill scenarios run on their own meanwhile: let them finish first
+    with own_brokers(cluster, tmp_path_factory.mktemp("restarted-broker")) as (own, stack):
+        dep = deployment(own, tmp_path, partitions=3)
+        steps = steady_stream(20)
+        expected = offline(steps, dep.settings)
+        # Production pauses while the broker is away: records in flight across a broker
+        # restart were seen written twice (despite enable.idempotence), and the offsets would
+        # then no longer be the ones offline() assumes.
+        resume = threading.Event()
+        feeder = Feeder(dep, steps, pace=0.1, gate=resume, gate_at=at(35))
+        try:
+            with worker(dep, reticks=False) as w:
+                feeder.start()
+                assert feeder.at_gate.wait(90), "the first half of the stream was never produced"
+                done_before = len(read_now(dep, outputs(dep)))
+                # while the worker digests the first half
+                localstack.down(services=("kafka",), settings=stack)
+                time.sleep(3)
+                localstack.up(settings=stack, services=("kafka",))
+                resume.set()
+                feeder.finish()
+                got = until_complete(dep, expected, quiet=30, timeout=180)
+                assert w.poll() is None, "the worker died with the broker"
+        finally:
             resume.set()
-            feeder.finish()
-            got = until_complete(dep, expected, quiet=30, timeout=180)
-            assert w.poll() is None, "the worker died with the broker"
-    finally:
-        resume.set()
-        localstack.up()
     assert 0 < done_before < len(expected)
     assert_same_as_offline(got, expected)
     final_states(got, expected)

@@ -933,14 +933,27 @@ def watch_membership(consumer: Any, lease: MembershipLease) -> None:
 def _committed_offsets(
     settings: Settings, tps: list[tuple[str, int]]
 ) -> dict[tuple[str, int], int]:
-    """The group's committed offsets from the broker (the log start where none is)."""
-    from confluent_kafka import ConsumerGroupTopicPartitions
+    """The group's committed offsets from the broker (the log start where none is).
+
+    Asked through a consumer of the group that never subscribes (so it never joins), not an
+    admin client: librdkafka answers an OffsetFetch that meets a coordinator still loading
+    its groups (NOT_COORDINATOR, as just after a broker restart) by asking the client's
+    consumer group to look for the coordinator again, and an admin client has none: the
+    process died of a segfault (confluentinc/librdkafka#5315, open in 2.16)."""
+    from confluent_kafka import Consumer, KafkaException
     from confluent_kafka import TopicPartition as CTP
 
-    admin = admin_client(settings)
-    request = ConsumerGroupTopicPartitions(settings.app_id, [CTP(t, p) for t, p in tps])
-    result = admin.list_consumer_group_offsets([request])[settings.app_id].result(timeout=30)
-    out = {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions}
+    consumer = Consumer(
+        settings.confluent_conf() | {"group.id": settings.app_id, "enable.auto.commit": False}
+    )
+    try:
+        committed = consumer.committed([CTP(t, p) for t, p in tps], timeout=30)
+    finally:
+        consumer.close()
+    failed = [tp for tp in committed if tp.error is not None]
+    if failed:  # never taken for "nothing committed": that would read the partition again
+        raise KafkaException(failed[0].error)
+    out = {(tp.topic, tp.partition): tp.offset for tp in committed}
     never = [key for key, offset in out.items() if offset < 0]
     if never:
         out.update(_earliest_offsets(settings, never))
