@@ -17,8 +17,8 @@ from bench import core
 from streams.contracts.models.base import replace
 from streams.contracts.models.enums import AlertKind, AlertStatus
 from streams.contracts.models.outputs import Alert
-from streams.emission import Emission
 from streams.core.execution import PARTS, Execution
+from streams.emission import Emission
 from streams.kafka.topics import Topics
 from streams.processor import Processor, Stores
 from streams.settings import Settings
