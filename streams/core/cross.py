@@ -223,7 +223,7 @@ def ended_alerts(
                     resolves_alert_id=other.alert_id,
                 )
             )
-            conflicts = {**conflicts, conflict_id: other._replace(alert_id=None)}
+            conflicts = {**conflicts, conflict_id: other._replace(alert_id=None, own_attempt=None)}
             ops = {**ops, op_id: conflicts}
     if not out:
         return links, []

@@ -841,6 +841,8 @@ def apply_event(
             old.alert_id,
             (*old.kinds, event.kind),
             (*old.event_ids, event.event_id),
+            old.retry_alert_id,
+            old.retry_of,
         )
 
     settled: list[Record] = []
