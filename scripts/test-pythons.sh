@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The pure tests (no broker, no browser: `-m "not kafka"`) on each other supported Python, each
 # in its own venv (.venv-3.12, .venv-3.13) installed from the same pins as .venv. Run by
-# scripts/test.sh before the whole suite runs on the main Python; the versions come from
-# VIGIL_OTHER_PYTHONS (default "3.12 3.13"; empty: none). The versions run side by side (each
-# pytest uses one core) and nothing else runs meanwhile; each one's output is shown when all
-# are done. Extra arguments go to pytest.
+# scripts/test.sh at the lowest CPU priority while the whole suite runs on the main Python;
+# the versions come from VIGIL_OTHER_PYTHONS (default "3.12 3.13"; empty: none). The versions
+# run side by side (each pytest uses one core); each one's output is shown when all are done.
+# Extra arguments go to pytest.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 

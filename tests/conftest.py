@@ -71,28 +71,6 @@ def _delete_shared_test_topics() -> Iterator[None]:
     delete_made_topics(since=0)
 
 
-@pytest.fixture(autouse=True)
-def _delete_test_topics() -> Iterator[None]:
-    """After each test, the topics of the deployments it made (``tests.support.deployment``).
-    Those of module- and session-scoped fixtures, made before it starts, stay until the end
-    of the session."""
-    from tests.support import delete_made_topics, made
-
-    before = len(made)
-    yield
-    delete_made_topics(since=before)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _delete_shared_test_topics() -> Iterator[None]:
-    yield
-    from tests.support import delete_made_topics, made, made_in_background
-
-    made.extend(made_in_background)
-    made_in_background.clear()
-    delete_made_topics(since=0)
-
-
 @pytest.fixture(scope="session")
 def _cluster_and_origin() -> Iterator[tuple[Cluster, Origin]]:
     from_env = localstack.cluster_from_env()

@@ -17,7 +17,7 @@ shows it) and ``VIGIL_FAULT_SEED`` replays a run.
 
 The workers' consumer group session is 6 s here (the broker's minimum, ``VIGIL_SESSION_TIMEOUT``)
 with a heartbeat every second (Faust's own ``BROKER_HEARTBEAT_INTERVAL``): a killed member holds
-its partitions until its session expires, and ten restarts must fit in a few minutes.
+its partitions until its session expires, and every restart must fit in a few minutes.
 """
 
 from __future__ import annotations
@@ -55,11 +55,14 @@ from tests.test_pipeline_kafka import offline
 
 pytestmark = pytest.mark.kafka
 
-#: executions in the backlog: one worker alone needs over 20 s to drain it on a 2-core machine.
-#: Two workers drain more while a killed one restarts (6 s or more each time): they get more.
-EXECUTIONS = 5000
-EXECUTIONS_FOR_TWO = 12000
-KILLS = 10
+#: kills per test (``VIGIL_FAULT_KILLS``, default 4: the suite's run; 10 or more for a longer
+#: search, which the backlogs below are large enough for)
+KILLS = int(os.environ.get("VIGIL_FAULT_KILLS") or 4)
+#: executions in the backlog: enough for the kills to fall before one worker has drained it
+#: (each restart costs 6 s or more on a 2-core machine). Two workers drain more while a killed
+#: one restarts: they get more.
+EXECUTIONS = 1500 + 250 * KILLS
+EXECUTIONS_FOR_TWO = 3000 + 500 * KILLS
 #: 6 s is the broker's group.min.session.timeout.ms; the heartbeat has no vigil setting, Faust
 #: reads its own from the environment
 SESSION = {"VIGIL_SESSION_TIMEOUT": "6s", "BROKER_HEARTBEAT_INTERVAL": "1"}
@@ -140,7 +143,7 @@ def kill_points(rng: random.Random, records: int) -> list[tuple[int, float]]:
     60 % of the backlog, sorted; one a restarted worker has already passed is met at once),
     and a further 0 to 1 s (a batch under a backlog takes about half a second), so that the kill
     falls anywhere in a batch: while it is read or processed, while its outputs or its state are
-    sent, before its acknowledgement. Ten kills spaced by these delays must all fall before the
+    sent, before its acknowledgement. The kills spaced by these delays must all fall before the
     backlog is drained, which the size of the backlogs above allows for."""
     targets = sorted(int(rng.uniform(0.0, 0.6) * records) for _ in range(KILLS))
     return [(t, rng.uniform(0.0, 1.0)) for t in targets]
@@ -184,8 +187,8 @@ def check(got: list[ConsumedRecord], expected: dict[str, Record]) -> None:
 
 
 def test_one_worker_killed_at_random_points_while_draining(cluster, tmp_path: Path) -> None:
-    """kill -9 of the only worker at ten random points of the drain (``kill_points``), each
-    time restarted on the same data dir; the last one drains the rest."""
+    """kill -9 of the only worker at ``KILLS`` random points of the drain (``kill_points``),
+    each time restarted on the same data dir; the last one drains the rest."""
     rng = seeded("one worker")
     b = backlog(cluster, tmp_path, partitions=3)
     progress = Progress(b.dep)
@@ -212,9 +215,9 @@ def test_one_worker_killed_at_random_points_while_draining(cluster, tmp_path: Pa
 
 
 def test_either_of_two_workers_killed_at_random_points(cluster, tmp_path: Path) -> None:
-    """Two workers share the backlog; ten times one of them, chosen at random, is killed -9 at
-    a random point (``kill_points``) and restarted on its own data dir, while the other goes
-    on."""
+    """Two workers share the backlog; ``KILLS`` times one of them, chosen at random, is killed
+    -9 at a random point (``kill_points``) and restarted on its own data dir, while the other
+    goes on."""
     rng = seeded("two workers")
     b = backlog(cluster, tmp_path, partitions=4, executions=EXECUTIONS_FOR_TWO)
     progress = Progress(b.dep)

@@ -44,11 +44,13 @@ from tests.test_pipeline_kafka import offline
 
 pytestmark = pytest.mark.kafka
 
-#: executions in the backlog: enough that one worker needs several seconds to drain it, so
-#: that the broker dies in the middle of the drain
-EXECUTIONS = 600
-#: the broker is killed once this share of the execution-status records is acknowledged
-KILL_AT = 0.25
+#: executions in the backlog: enough that one worker needs several commit intervals (Faust
+#: commits about every 3 s) to drain it, so that the broker dies in the middle of the drain
+#: (a worker drains 600 in under one interval)
+EXECUTIONS = 1200
+#: the broker is killed once this share of the execution-status records is acknowledged:
+#: the first commit or so
+KILL_AT = 0.05
 START_TIMEOUT_S = 150
 
 

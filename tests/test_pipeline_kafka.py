@@ -109,14 +109,17 @@ def test_connector_that_never_answers(cluster, tmp_path: Path) -> None:
     def unknown_seen(rs) -> bool:
         return any(isinstance(r.record, ReconciliationWorkItem) for r in rs)
 
-    with worker(dep) as w:
+    # the broker's shortest session: the restarted worker gets the killed one's partitions
+    # 6 s after the kill instead of 30
+    short = {"VIGIL_SESSION_TIMEOUT": "6s", "BROKER_HEARTBEAT_INTERVAL": "1"}
+    with worker(dep, env=short) as w:
         got = dep.read([dep.topics.reconciliation_work.name], idle=4)
         assert got == [], "nothing may time out before the deadline"
         play(dep, [Tick(T0 + timedelta(seconds=31))])
         dep.read_until(work, unknown_seen)
         kill_hard(w)
     play(dep, [Tick(T0 + timedelta(seconds=45))])
-    with worker(dep):
+    with worker(dep, env=short):
         play(dep, [Tick(T0 + timedelta(seconds=60))])
         late = sent("op-1", minutes=2, kind="VERIFIED", evidence_source="RECONCILER")
         play(dep, [late, Tick(T0 + timedelta(minutes=3))])
