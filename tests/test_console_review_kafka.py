@@ -471,3 +471,35 @@ def wait_for(probe: Any, timeout: float = 30) -> Any:
             return got
         time.sleep(0.2)
     raise AssertionError(f"not reached in {timeout} s: {probe}")
+
+
+def test_a_replay_publishes_the_live_alert_ends(stack) -> None:
+    """``vigil replay`` of everything the module wrote (the demo, the reviews, the payment
+    story): the same alerts, FIRING and RESOLVED, with the same ids and times as live: the
+    ends of the forbidden retries and of the anomaly are decided from the input log alone
+    (docs/rules.md#alert-lifecycle). Runs after the story above, whose last tick it needs."""
+    from dataclasses import replace as with_
+
+    from streams.durations import parse_duration
+    from streams.replay import run_replay
+
+    dep, _, _, _ = stack
+    live = {
+        r.record.alert_id: r.record
+        for r in dep.read([dep.topics.alerts.name], idle=2.0)
+        if isinstance(r.record, Alert)
+    }
+    assert any(
+        a.kind is AlertKind.ANOMALY and a.status is AlertStatus.RESOLVED for a in live.values()
+    )
+    settings = with_(dep.settings, anomaly_alert_ttl=parse_duration(ANOMALY_TTL))  # the worker's
+    summary = run_replay(settings, dep.codec, datetime(2026, 1, 1, tzinfo=UTC), show_progress=False)
+    assert summary.dead_letters == 0
+    replayed = {
+        r.record.alert_id: r.record
+        for r in dep.read([dep.topics.alerts.name + "-replay"], idle=2.0)
+        if isinstance(r.record, Alert)
+    }
+    ends = {i for i, a in live.items() if a.kind in (AlertKind.FORBIDDEN_RETRY, AlertKind.ANOMALY)}
+    assert ends and {i: replayed.get(i) for i in ends} == {i: live[i] for i in ends}
+    assert replayed == live
