@@ -10,8 +10,9 @@ so that it ends now. It also starts ``vigil console`` on the same
 topics; once the scenario is played and the console has caught up, the demo prints the
 console's address and keeps worker, console and a wall-clock ticker running (time goes on, and
 a review made on the page is applied within a second) until Ctrl-C, which stops everything it
-started (``--no-serve``: stop at once instead). ``vigil reconcile`` runs too, against a bundled
-payments provider (``streams/local/provider.py``) that holds the refund the scenario leaves
+started (``--no-serve``: stop at once instead). ``vigil reconcile`` runs too, once the scenario
+is played (its facts carry the wall clock's time, which would make the rest of the scenario
+late), against a bundled payments provider (``streams/local/provider.py``) that holds the refund the scenario leaves
 UNKNOWN: the demo shows it settled VERIFIED by the reconciler, with no person involved.
 
 ``--agent FRAMEWORK`` plays, instead of the scenario, a real agent of that framework (scripted
@@ -287,7 +288,8 @@ def run_demo(
     write_token = secrets.token_urlsafe(16)
     ui_port = _free_port()
     ui = _start_console(settings, workdir, ui_port, write_token)
-    provider, reconciler = _start_reconciler(settings, workdir)
+    provider: Provider | None = None
+    reconciler: subprocess.Popen[bytes] | None = None
     # the scenario moved so that it ends now: then wall-clock ticks carry its time on
     delta = datetime.now(UTC).replace(microsecond=0) - (REFERENCE_AT + timedelta(seconds=1))
     steps = shifted(demo_scenario(), delta)
@@ -325,6 +327,11 @@ def run_demo(
             producer.flush()
         if agent is None:
             _wait_quiet(seen, console)
+            # Only now: the reconciler's facts are stamped with the wall clock, and one written
+            # while the (earlier) scenario still plays would make every later scenario event
+            # of its partition late (docs/rules.md#time), applied at the reconciler's time and
+            # shown out of order.
+            provider, reconciler = _start_reconciler(settings, workdir)
             _wait_reconciled(seen, producer, topics, console)
             _summary(seen, console, REFERENCE_AT + delta)
         url = f"http://127.0.0.1:{ui_port}/"
@@ -356,8 +363,10 @@ def run_demo(
     finally:
         stop.set()
         _stop(ui)
-        _stop(reconciler)
-        provider.stop()
+        if reconciler is not None:
+            _stop(reconciler)
+        if provider is not None:
+            provider.stop()
         _stop(worker)
         if reader.is_alive():
             reader.join(10)
