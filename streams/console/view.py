@@ -448,18 +448,17 @@ def _refresh_attempts(
     if state is None:
         row = db.execute("SELECT record FROM operations WHERE row_key = ?", (key,)).fetchone()
         state = OperationState.model_validate_json(row[0]) if row else None
-    items = [
-        WorkItem(
-            ReconciliationWorkItem.model_validate_json(item),
-            WorkItemResolution.model_validate_json(res) if res else None,
-            ReconciliationCheck.model_validate_json(check) if check else None,
-        )
-        for item, res, check in db.execute(
-            "SELECT record, resolution, reconciler FROM work_items"
-            " WHERE execution_id = ? AND operation_id = ?",
-            (execution_id, operation_id),
-        )
-    ]
+    if (
+        state is not None
+        and state.attempt == 1
+        and state.held_by_attempt is None
+        and state.open_work_item_id is None
+    ):
+        # the common case, one attempt and no work item open: its state says it all (an item
+        # of it is resolved, and its state, the latest, says how)
+        items: list[WorkItem] = []
+    else:
+        items = _work_items(db, execution_id, operation_id)
     known = derive(state, items)
     db.execute("DELETE FROM attempts WHERE op_row_key = ?", (key,))
     db.executemany(
@@ -474,6 +473,22 @@ def _refresh_attempts(
         "UPDATE operations SET attempts = ? WHERE row_key = ?",
         (json.dumps([a.to_json() for a in known], separators=(",", ":")), key),
     )
+
+
+def _work_items(db: sqlite3.Connection, execution_id: str, operation_id: str) -> list[WorkItem]:
+    """The work items of one operation, with their resolutions and the reconciler's progress."""
+    return [
+        WorkItem(
+            ReconciliationWorkItem.model_validate_json(item),
+            WorkItemResolution.model_validate_json(res) if res else None,
+            ReconciliationCheck.model_validate_json(check) if check else None,
+        )
+        for item, res, check in db.execute(
+            "SELECT record, resolution, reconciler FROM work_items"
+            " WHERE execution_id = ? AND operation_id = ?",
+            (execution_id, operation_id),
+        )
+    ]
 
 
 # --------------------------------------------------------------------------------------------
