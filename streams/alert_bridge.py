@@ -186,8 +186,9 @@ class BridgeSettings:
     refresh: timedelta = timedelta(minutes=1)
     #: VIGIL_ALERT_BRIDGE_VALIDITY — each post's endsAt lies this far ahead (more than refresh)
     validity: timedelta = timedelta(minutes=5)
-    #: VIGIL_ALERT_BRIDGE_EVENT_TTL — how long a point-in-time alert (FORBIDDEN_RETRY, ANOMALY:
-    #: no RESOLVED record ends them) stays active after the bridge first saw it
+    #: VIGIL_ALERT_BRIDGE_EVENT_TTL — how long a FORBIDDEN_RETRY or ANOMALY alert written before
+    #: vigil ended those kinds (no ``ends_with_resolved``: no RESOLVED record will come) stays
+    #: active after the bridge first saw it; every other alert lasts until its RESOLVED record
     event_ttl: timedelta = timedelta(hours=1)
     #: VIGIL_ALERT_BRIDGE_RETRY_MAX — the longest pause between attempts while Alertmanager is down
     retry_max: timedelta = timedelta(seconds=30)
@@ -270,7 +271,8 @@ class AlertBook:
         return None
 
     def due(self, now: datetime) -> list[dict[str, Any]]:
-        """Every active alert to post again; point-in-time alerts past their expiry leave."""
+        """Every active alert to post again; alerts that lapse (``Firing.expires_at``) leave once
+        past it."""
         out = []
         for alert_id, (_, f) in list(self.active.items()):
             if f.expires_at is not None and f.expires_at <= now:

@@ -19,7 +19,10 @@
 - ``approvals(...)``, ``operations(...)``, ``work_items(...)``, ``executions(...)``,
   ``alerts(...)`` → a ``Page`` of rows from a console (``vigil console``), with
   ``next_cursor`` and ``total``; ``pages(...)`` follows the cursors. ``summary()``,
-  ``timeline(id)``, ``lag()`` likewise.
+  ``timeline(id)``, ``lag()`` likewise. An operation row lists every attempt the console
+  knows of (``OperationRow.attempts``), and ``operations(status="UNKNOWN")`` finds an
+  operation whose older attempt is UNKNOWN under a VERIFIED later one (``blocking=True``: any
+  attempt still blocking a retry).
 
 Errors are typed: ``NotFound`` (404), ``Unauthorized`` (401/403), ``BadRequest`` (400, with the
 allowed values), ``Unreachable`` (no connection, a timeout, a 5xx that did not clear up);
@@ -211,7 +214,22 @@ class ApprovalRow(Row):
     age_seconds: float | None = None
 
 
+class AttemptRow(_View):
+    """One attempt of an operation as the console knows it: ``blocks_retry`` while it is
+    sent and not settled (attempt 1 UNKNOWN under a VERIFIED attempt 2 does), with its open
+    work item."""
+
+    attempt: int
+    status: OpStatus
+    blocks_retry: bool = True
+    open_work_item_id: str | None = None
+
+
 class OperationRow(Row):
+    """An operation in a console's list: its latest attempt (``attempt``, ``status``), the
+    operation's retry verdict, and every attempt the console knows of (``attempts``);
+    ``blocking`` while one of them still blocks a retry."""
+
     operation_id: str
     execution_id: str
     attempt: int
@@ -221,6 +239,12 @@ class OperationRow(Row):
     since: datetime
     owner: str | None = None
     open_work_item_id: str | None = None
+    attempts: tuple[AttemptRow, ...] = ()
+    blocking: bool = False
+
+    def blocking_attempts(self) -> tuple[AttemptRow, ...]:
+        """The attempts that still block a retry: each to be settled (reviewed) on its own."""
+        return tuple(a for a in self.attempts if a.blocks_retry)
 
 
 class WorkItemRow(Row):
@@ -764,6 +788,7 @@ __all__ = [
     "ApprovalRow",
     "AsOf",
     "AsyncClient",
+    "AttemptRow",
     "BadRequest",
     "Client",
     "ClientError",

@@ -245,6 +245,7 @@ class Emitter:
             ),
             occurred_at=record.source_timestamp or log_time(env),
             traceparent=record.traceparent,
+            ends_with_resolved=True,
         )
         return [dead, self.emit(alert)]
 

@@ -31,8 +31,9 @@ from typing import Any
 from streams.contracts.envelope import Envelope
 from streams.contracts.models import events as ev
 from streams.contracts.models.base import Record
-from streams.contracts.models.enums import AnomalyKind
-from streams.contracts.models.outputs import Anomaly, OperationState, RetryLink
+from streams.contracts.models.enums import AlertKind, AlertStatus, AnomalyKind
+from streams.contracts.models.outputs import Alert, Anomaly, OperationState, RetryLink
+from streams.core import alerts as al
 from streams.core import approvals as ap
 from streams.core import claims as cl
 from streams.core import cross, trace
@@ -123,6 +124,7 @@ class Processor:
         policies: dict[str, ap.ThresholdOverrides] | None = None,
         closed_retention: timedelta = timedelta(hours=24),
         orphan_after: timedelta = timedelta(hours=1),
+        anomaly_alert_ttl: timedelta = timedelta(hours=1),
         max_kept_bytes: int = 512 * 1024,
         max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
         write_behind: bool = False,
@@ -137,7 +139,8 @@ class Processor:
         execution's packed entry may grow to by an input (``_apply``). ``cross_execution`` (the
         live worker, and a replay, which runs the join in-process: ``streams/local_join.py``)
         turns on the join of attempts across executions (``streams.core.claims``): claims and
-        progress published, retry links applied (``_on_link``)."""
+        progress published, retry links applied (``_on_link``). ``anomaly_alert_ttl``: how long
+        after its anomaly an ANOMALY alert ends, in stream time (``_end_later``)."""
         self.topics = topics
         self.stores = stores
         self.state = ExecutionStore(stores.executions)
@@ -157,6 +160,13 @@ class Processor:
         self.closed_retention = closed_retention
         self.orphan_after = orphan_after
         self.max_entry_bytes = max_entry_bytes
+        self.anomaly_alert_ttl = anomaly_alert_ttl
+        self._anomaly_ttl_ms = anomaly_alert_ttl // ONE_MS
+        #: ids of the anomalies found while applying an input to its execution in the call
+        #: being handled: their alerts' ends go with that execution's entry (``handle``)
+        self._applied_anomalies: set[str] = set()
+        #: per partition, the key of its own entry (``partition_home``)
+        self._homes: dict[int, str] = {}
         self.rules = Rules(
             self.operation_config, self.thresholds_for, closed_retention, orphan_after
         )
@@ -204,6 +214,7 @@ class Processor:
             policies=policies.approval_policies,
             closed_retention=settings.closed_retention,
             orphan_after=settings.orphan_after,
+            anomaly_alert_ttl=settings.anomaly_alert_ttl,
             max_entry_bytes=settings.max_entry_bytes,
         )
 
@@ -287,12 +298,21 @@ class Processor:
         """
         self.state.partition = env.partition
         self.applying = None
+        self._applied_anomalies.clear()
         out = self._handle(env, token)
         if out:
+            applied = self._applied_anomalies
             for i in range(len(out)):
                 record = out[i].record
-                if type(record) is Anomaly:
-                    out.append(self.emitter.emit(anomaly_alert(record)))
+                cls = type(record)
+                if cls is Anomaly:
+                    alert = anomaly_alert(record)  # type: ignore[arg-type]
+                    out.append(self.emitter.emit(alert))
+                    routed = record.anomaly_id in applied  # type: ignore[union-attr]
+                    self._end_later(alert, routed, env.partition, out)
+                elif cls is Alert and record.kind is AlertKind.ANOMALY:  # type: ignore[union-attr]
+                    self._end_later(record, False, env.partition, out)  # type: ignore[arg-type]
+            applied.clear()
         if not self.write_behind:
             self.flush()
             self.flush_clocks()
@@ -509,6 +529,54 @@ class Processor:
             self._store(execution)
         if step.outputs or step.due:
             self._publish(execution_id, step, out)
+        ends = self.state.load(execution_id, "alerts", al.load_ends)
+        if ends and ends[0].ends_at <= horizon:
+            rest, resolved = al.due_ends(ends, horizon)
+            self.state.save(execution_id, "alerts", rest or None, al.dump_ends)
+            emit = self.emitter.emit
+            out.extend(emit(a) for a in resolved)
+            if rest:
+                self._schedule(execution_id, rest[0].ends_at)
+
+    # -- the ends of anomaly alerts (streams.core.alerts) -----------------------------------
+    def _end_later(self, alert: Alert, routed: bool, partition: int, out: list[Emission]) -> None:
+        """Keep the end of a FIRING ANOMALY alert, ``anomaly_alert_ttl`` after it, to publish
+        once stream time reaches it (``_advance_key``); the RESOLVED alerts of ends brought
+        forward by it go out now (``alerts.add_end``).
+
+        Where it is kept: with the execution's entry when the anomaly was found applying an
+        input to it (``routed``): the entry says in the same record that the input was
+        applied, so after a crash it holds both or neither. Else (an input refused as it was
+        read, a clock tick, a quarantined record) with the partition's own entry
+        (``partition_home``): those are found again when their input is read again, and their
+        input is acknowledged only after the entries are stored."""
+        if alert.status is not AlertStatus.FIRING:
+            return
+        home = alert.execution_id if routed else self.partition_home(partition)
+        ends = self.state.load(home, "alerts", al.load_ends)
+        new, early = al.add_end(ends, al.anomaly_end(alert, self._anomaly_ttl_ms))
+        if new is ends:
+            return
+        self.state.save(home, "alerts", new, al.dump_ends)
+        self._schedule(home, new[0].ends_at)
+        out.extend(self.emitter.emit(a) for a in early)
+
+    def partition_home(self, partition: int) -> str:
+        """The key of the partition's own entry, which holds only the ends of alerts that
+        belong to no execution of it: a key that murmur2 puts on that partition, so that the
+        entry, its changelog record and its timers all live where the partition's inputs do.
+        A producer using such an id as an execution id shares the entry, harmlessly: the ends
+        kept there are a set, whoever they belong to."""
+        home = self._homes.get(partition)
+        if home is None:
+            n = 0
+            while True:
+                home = f"\x00vigil-partition-{partition}-{n}"
+                if self.partition_of(home) == partition:
+                    break
+                n += 1
+            self._homes[partition] = home
+        return home
 
     def _publish(
         self,
@@ -532,9 +600,13 @@ class Processor:
                 alerts = verdict_alerts(emitted.record, item.previous_id)  # type: ignore[arg-type, union-attr]
                 out.extend(emit(a) for a in alerts)
             elif cls is Refusal:
-                out.append(self.emitter.anomaly(env, record, item.finding))  # type: ignore[arg-type, union-attr]
+                found = self.emitter.anomaly(env, record, item.finding)  # type: ignore[arg-type, union-attr]
+                self._applied_anomalies.add(found.record.anomaly_id)  # type: ignore[attr-defined]
+                out.append(found)
             elif cls is Orphan:
-                out.append(self.emitter.orphan(execution_id, item.request_id, item.last_fact))  # type: ignore[union-attr]
+                found = self.emitter.orphan(execution_id, item.request_id, item.last_fact)  # type: ignore[union-attr]
+                self._applied_anomalies.add(found.record.anomaly_id)  # type: ignore[attr-defined]
+                out.append(found)
             elif cls is OperationState and self.cross_execution:
                 out.append(emit(self._across(item)))  # type: ignore[arg-type]
             else:
@@ -542,7 +614,10 @@ class Processor:
         if trace_key is not None and traced_from >= len(outputs):
             self._remember_trace(record, trace_key)  # type: ignore[arg-type]
         if self.cross_execution:
-            self._claim(execution_id, outputs, out)
+            op_ids = {o.operation_id for o in outputs if type(o) is OperationState}
+            if op_ids:
+                self._claim(execution_id, op_ids, out)
+                self._end_blind_retries(execution_id, op_ids, out)
         if step.due:
             schedule = self.scheduler.schedule
             partition = self.partition_of(execution_id)
@@ -568,6 +643,10 @@ class Processor:
                 *(None if text is None else parse(text) for text, parse in _parts(entry)),
             )
             due.extend(DueTime(t, key) for t in execution.next_due())
+            if entry.alerts:
+                end = al.next_end(al.load_ends(entry.alerts))
+                if end is not None:
+                    due.append(DueTime(end, key))
             if execution.pending_dirty():
                 judge_first.add(key)
         return Timers(due, judge_first)
@@ -596,12 +675,9 @@ class Processor:
             self._progress(partition, watermark_ms, out)
 
     # -- blind retries across executions (streams.core.claims, streams.core.cross) ----------
-    def _claim(self, execution_id: str, outputs: list[Any], out: list[Emission]) -> None:
+    def _claim(self, execution_id: str, op_ids: set[str], out: list[Emission]) -> None:
         """A claim for every attempt with an idempotency key of each operation whose state
         the step published (an unchanged attempt's claim is a repetition the join ignores)."""
-        op_ids = {o.operation_id for o in outputs if type(o) is OperationState}
-        if not op_ids:
-            return
         book = self._execution(execution_id).operations
         if book is None:
             return
@@ -671,6 +747,19 @@ class Processor:
         alert = cross.blind_retry_alert(link)
         if alert is not None:
             out.append(self.emitter.emit(alert))
+        self._end_blind_retries(execution_id, {link.operation_id}, out)
+
+    def _end_blind_retries(self, execution_id: str, op_ids: set[str], out: list[Emission]) -> None:
+        """The RESOLVED alerts of the blind retries of these operations whose two attempts
+        are now both settled (``cross.ended_alerts``), the links kept without them."""
+        links = self.state.load(execution_id, "links", cross.load_links)
+        if links is None:
+            return
+        book = self._execution(execution_id).operations
+        new, ended = cross.ended_alerts(links, book, op_ids)
+        if ended:
+            self.state.save(execution_id, "links", new, cross.dump_links)
+            out.extend(self.emitter.emit(a) for a in ended)
 
     # -- trace context --------------------------------------------------------------------
     def _traces(self, execution_id: str) -> dict[str, str] | None:
@@ -697,7 +786,12 @@ class Processor:
         so that its partition moves on. Never called by a replay: a record that fails there
         fails the replay."""
         self.scheduler.done(token)
-        return self.emitter.quarantine(env, reason)
+        self.state.partition = env.partition
+        out = self.emitter.quarantine(env, reason)
+        for emission in list(out):
+            if type(emission.record) is Alert:
+                self._end_later(emission.record, False, env.partition, out)
+        return out
 
     def partition_of(self, execution_id: str) -> int:
         partition = self._partitions.get(execution_id)

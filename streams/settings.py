@@ -93,6 +93,7 @@ DOMAIN_DURATIONS = {
     "reply_timeout": ("VIGIL_REPLY_TIMEOUT", True),
     "verify_timeout": ("VIGIL_VERIFY_TIMEOUT", True),
     "orphan_after": ("VIGIL_ORPHAN_AFTER", False),
+    "anomaly_alert_ttl": ("VIGIL_ANOMALY_ALERT_TTL", True),
     "claims_grace": ("VIGIL_CLAIMS_GRACE", False),
     "max_future_skew": ("VIGIL_MAX_FUTURE_SKEW", False),
     "allowed_lateness": ("VIGIL_ALLOWED_LATENESS", False),
@@ -187,6 +188,7 @@ class _Environment(BaseSettings):
     verify_timeout: Duration = _var("VIGIL_VERIFY_TIMEOUT", "5m")
     policies_file: str | None = _var("VIGIL_POLICIES_FILE")
     orphan_after: Duration = _var("VIGIL_ORPHAN_AFTER", "1h")
+    anomaly_alert_ttl: Duration = _var("VIGIL_ANOMALY_ALERT_TTL", "1h")
     claims_grace: Duration = _var("VIGIL_CLAIMS_GRACE", "0s")
     max_future_skew: Duration = _var("VIGIL_MAX_FUTURE_SKEW", "1h")
     allowed_lateness: Duration = _var("VIGIL_ALLOWED_LATENESS", "0s")
@@ -328,6 +330,10 @@ class Settings:
     #: VIGIL_ORPHAN_AFTER — facts for an approval request that has not arrived this long after
     #: them are reported as ORPHAN_FACT anomalies and dropped.
     orphan_after: timedelta = timedelta(hours=1)
+    #: VIGIL_ANOMALY_ALERT_TTL — how long, in stream time, an ANOMALY alert stays firing: it
+    #: ends this long after the anomaly's time (docs/rules.md#alert-lifecycle). An anomaly is
+    #: an input refused, not a condition that can go away, so time is what ends its alert.
+    anomaly_alert_ttl: timedelta = timedelta(hours=1)
     #: VIGIL_CLAIMS_GRACE — how far behind the claims partition's watermark a claim may come
     #: and still be judged as if in order (docs/rules.md#blind-retries-across-executions): a
     #: send is decided once the watermark is past it plus this.

@@ -18,9 +18,11 @@ unescaped: the JSON of the in-flight slot, the closed slot, the operation book, 
 book (each empty when absent) and the applied input positions; a sixth, the trace contexts
 inputs brought (``streams.core.trace``, JSON), only when there are any; a seventh, what the
 execution was told of other executions' attempts under its idempotency keys
-(``streams.core.cross``, JSON), only when there is any (the sixth is then empty if need be).
-The table stores that text compressed (``streams/compact.py``), and reads uncompressed text
-as it is.
+(``streams.core.cross``, JSON), only when there is any (the sixth is then empty if need be);
+an eighth, the ends of alerts still firing that end at a known instant (ANOMALY alerts,
+``streams.core.alerts``, JSON), only when there are any (the sixth and seventh are then empty
+if need be). The table stores that text compressed (``streams/compact.py``), and reads
+uncompressed text as it is.
 
 The slots and the operation book are written in format 2: JSON arrays with times in epoch
 milliseconds (``executions.dump_slot``, ``operations.dump_book``). Format 1, JSON objects with
@@ -69,6 +71,9 @@ class Entry:
     traces: str | None = None
     #: Other executions' attempts in conflict with this one's (``streams.core.cross``), JSON.
     links: str | None = None
+    #: The ends of its alerts that end at a known instant (``streams.core.alerts.Ends``),
+    #: JSON: a reason to keep the entry until they have come.
+    alerts: str | None = None
     #: Decoded state by field, so that a batch parses each field once, and fields whose
     #: text is stale (the object changed) with the function that dumps it. Not stored.
     objs: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -82,16 +87,20 @@ class Entry:
 
     def empty(self) -> bool:
         self.materialize()
-        return not (self.inflight or self.closed or self.operations or self.approvals)
+        return not (
+            self.inflight or self.closed or self.operations or self.approvals or self.alerts
+        )
 
     def encode(self) -> str:
         self.materialize()
         seen = ",".join(f"{r}:{p}:{o}" for r, p, o in self.seen)
         parts = [self.inflight, self.closed, self.operations, self.approvals, seen]
-        if self.traces or self.links:
+        if self.traces or self.links or self.alerts:
             parts.append(self.traces)
-        if self.links:
+        if self.links or self.alerts:
             parts.append(self.links)
+        if self.alerts:
+            parts.append(self.alerts)
         return SEP.join(x or "" for x in parts)
 
     def pack(self) -> bytes:
@@ -101,7 +110,10 @@ class Entry:
     def content_size(self) -> int:
         """The packed size of the entry without its applied input positions: what its
         execution's facts weigh, the same in the live worker (which keeps positions) and in
-        a replay (which does not), so that both judge an entry's size alike."""
+        a replay (which does not), so that both judge an entry's size alike. The alert ends
+        are left out too: some come from inputs refused as they are read, in an order that
+        depends on how the topics interleave, and they are bounded on their own
+        (``streams.core.alerts.MAX_PENDING``)."""
         self.materialize()
         parts = [self.inflight, self.closed, self.operations, self.approvals, ""]
         if self.traces:
@@ -119,16 +131,17 @@ class Entry:
         else:
             data = raw.decode() if isinstance(raw, bytes | bytearray) else str(raw)
         parts = [p or None for p in data.split(SEP)]
-        if len(parts) not in (5, 6, 7):
-            raise ValueError(f"an execution entry has 5 to 7 fields, not {len(parts)}")
+        if len(parts) not in (5, 6, 7, 8):
+            raise ValueError(f"an execution entry has 5 to 8 fields, not {len(parts)}")
         seen: list[Position] = []
         for item in (parts[4] or "").split(","):
             if item:
                 r, p, o = item.split(":")
                 seen.append((int(r), int(p), int(o)))
         traces = parts[5] if len(parts) >= 6 else None
-        links = parts[6] if len(parts) == 7 else None
-        return cls(parts[0], parts[1], parts[2], parts[3], seen, traces, links)
+        links = parts[6] if len(parts) >= 7 else None
+        alerts = parts[7] if len(parts) == 8 else None
+        return cls(parts[0], parts[1], parts[2], parts[3], seen, traces, links, alerts)
 
 
 class EntryTooLarge(ValueError):

@@ -168,6 +168,24 @@ def test_point_in_time_alerts_lapse_after_the_event_ttl() -> None:
     assert book.due(seen + BRIDGE.event_ttl) == [] and book.active == {}
 
 
+def test_retry_and_anomaly_alerts_vigil_ends_stay_until_their_resolved_record() -> None:
+    """Since vigil ends FORBIDDEN_RETRY and ANOMALY alerts (``ends_with_resolved``), they no
+    longer lapse: they stay active past the event TTL, and their RESOLVED record ends them
+    like any other; one written before still lapses."""
+    book = AlertBook(BRIDGE)
+    retry = orphaned("fr-1", kind=AlertKind.FORBIDDEN_RETRY, ends_with_resolved=True)
+    old = orphaned("fr-old", kind=AlertKind.FORBIDDEN_RETRY)
+    book.apply(retry, 0, T0)
+    book.apply(old, 0, T0)
+    later = T0 + BRIDGE.event_ttl + timedelta(minutes=1)
+    assert [p["labels"]["alert_id"] for p in book.due(later)] == ["fr-1"]
+    end = resolved("fr-1", at=later)
+    post = book.apply(end.model_copy(update={"kind": AlertKind.FORBIDDEN_RETRY}), 0, later)
+    assert isinstance(post, dict) and parse(post["endsAt"]) == later
+    assert post["labels"] == alert_labels(retry)
+    assert book.due(later) == []
+
+
 def test_rebuilt_point_in_time_alert_counts_from_its_own_time() -> None:
     f = firing(
         orphaned(kind=AlertKind.FORBIDDEN_RETRY),

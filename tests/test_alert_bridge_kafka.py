@@ -64,8 +64,8 @@ def dep(cluster: Cluster, tmp_path: Path) -> Deployment:
     return deployment(cluster, tmp_path, partitions=2)
 
 
-def start_bridge(dep: Deployment, am: Alertmanager) -> subprocess.Popen[bytes]:
-    """The real command, as compose runs it."""
+def start_bridge(dep: Deployment, am: Alertmanager, **env: str) -> subprocess.Popen[bytes]:
+    """The real command, as compose runs it (``env``: more settings)."""
     log = (dep.workdir / f"bridge-{uuid.uuid4().hex[:6]}.log").open("wb")
     status_port = free_port()
     proc = subprocess.Popen(
@@ -78,7 +78,8 @@ def start_bridge(dep: Deployment, am: Alertmanager) -> subprocess.Popen[bytes]:
             "VIGIL_ALERT_BRIDGE_VALIDITY": "60s",
             "VIGIL_ALERT_BRIDGE_RETRY_MAX": "1s",
             "VIGIL_ALERT_BRIDGE_PORT": str(status_port),
-        },
+        }
+        | env,
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=dep.workdir,
@@ -280,4 +281,88 @@ def test_a_restarted_bridge_ends_alerts_fired_before_it_started(
     finally:
         log = stop_bridge(second)
     assert "rebuilt 1 firing alerts from 1 records" in log, log
+    assert "Traceback" not in log, log
+
+
+def test_forbidden_retry_and_anomaly_alerts_end_in_alertmanager_with_their_resolved_record(
+    dep: Deployment, am: Alertmanager, hooks: Hooks
+) -> None:
+    """The records the core publishes for a forbidden retry that is then decided (both
+    attempts FAILED) and for an anomaly whose alert expires (docs/rules.md#alert-lifecycle):
+    each reaches its owner's receiver firing, stays active past VIGIL_ALERT_BRIDGE_EVENT_TTL
+    (it is no longer left to lapse), and ends, notified as resolved, when its RESOLVED record
+    comes."""
+    from datetime import timedelta
+
+    from streams.contracts.models.enums import AnomalyKind, EvidenceSource, OperationEventKind
+    from streams.contracts.models.events import OperationEvent
+    from streams.contracts.models.outputs import Anomaly
+    from streams.core import alerts as al
+    from streams.core.operations import OperationConfig, apply_event
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    K = OperationEventKind
+
+    def op(attempt: int, kind: OperationEventKind, seconds: int) -> OperationEvent:
+        return OperationEvent(
+            event_id=f"e-{attempt}-{kind}",
+            execution_id="exec-am",
+            operation_id="op-am",
+            attempt=attempt,
+            idempotency_key="k-am",
+            connector="payments",
+            kind=kind,
+            occurred_at=now + timedelta(seconds=seconds),
+            evidence_source=EvidenceSource.CONNECTOR
+            if kind is K.FAILED
+            else EvidenceSource.RUNTIME,
+        )
+
+    book, records = None, []
+    for e in (op(1, K.SENT, 0), op(2, K.SENT, 1), op(1, K.FAILED, 2), op(2, K.FAILED, 3)):
+        step = apply_event(book, e, OperationConfig())
+        book = step.book
+        records += [r for r in step.outputs if isinstance(r, Alert)]
+    (retry,) = [r for r in records if r.status is AlertStatus.FIRING]
+    (retry_end,) = [r for r in records if r.status is AlertStatus.RESOLVED]
+    anomaly = al.anomaly_alert(
+        Anomaly(
+            anomaly_id="anomaly-am",
+            kind=AnomalyKind.DUPLICATE,
+            reason="applied before",
+            execution_id="exec-am",
+            event_id="e-dup",
+            source_topic="t",
+            source_partition=0,
+            source_offset=1,
+            detected_at=now,
+        )
+    )
+    ends, _ = al.add_end(None, al.anomaly_end(anomaly, 1000))
+    _, (anomaly_end,) = al.due_ends(ends, 10**15)
+    assert retry.ends_with_resolved and anomaly.ends_with_resolved
+
+    bridge = start_bridge(dep, am, VIGIL_ALERT_BRIDGE_EVENT_TTL="2s")
+    try:
+        publish(dep, retry, anomaly)
+        for a, path in ((retry, "/runtime-owner"), (anomaly, "/operator")):
+            wait_for(f"{a.kind} in Alertmanager", lambda a=a: am.alert(a.alert_id), 45)
+            wait_for(
+                f"{a.kind} notified",
+                lambda a=a, path=path: hooks.notified(path, a.alert_id, "firing"),
+            )
+        # past the event TTL and a refresh: still active, nothing lets them lapse
+        time.sleep(4)
+        assert am.alert(retry.alert_id) is not None and am.alert(anomaly.alert_id) is not None
+        publish(dep, retry_end, anomaly_end)
+        for a, path in ((retry, "/runtime-owner"), (anomaly, "/operator")):
+            wait_for(f"{a.kind} ended", lambda a=a: am.alert(a.alert_id) is None, 30)
+            note = wait_for(
+                f"{a.kind} resolution notified",
+                lambda a=a, path=path: hooks.notified(path, a.alert_id, "resolved"),
+            )
+            assert note["labels"]["kind"] == a.kind
+        wait_for("every offset committed", lambda: committed(dep) == 4)
+    finally:
+        log = stop_bridge(bridge)
     assert "Traceback" not in log, log

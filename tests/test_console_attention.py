@@ -74,6 +74,7 @@ def firing(alert_id: str, subject: str, severity: Severity, **kw: Any) -> Alert:
         owner=Owner.RUNTIME_OWNER,
         next_step=kw.pop("next_step", "stop the duplicate"),
         occurred_at=T0,
+        ends_with_resolved=kw.pop("ends_with_resolved", True),  # as vigil writes them
         **kw,
     )
 
@@ -98,9 +99,13 @@ def test_the_demo_attention_list(view: ConsoleView) -> None:
         assert a["next_step"] == a["record"]["next_step"]
     unknown = view.query("operations", {"status": "UNKNOWN"}).items
     ops = [r for r in got if r["kind"] == "operation"]
-    assert [(o["subject_id"], o["attempt"]) for o in ops] == [
-        (u["operation_id"], u["attempt"]) for u in unknown
-    ]
+    # one row per attempt UNKNOWN or under review, older attempts that block a retry included
+    assert sorted((o["subject_id"], o["attempt"]) for o in ops) == sorted(
+        (u["operation_id"], a["attempt"])
+        for u in unknown
+        for a in u["attempts"]
+        if a["status"] in ("UNKNOWN", "MANUAL_REVIEW")
+    )
     # the forbidden retry's CRITICAL alert raises the operation's rows, and names the step
     assert ops[0]["severity"] == "CRITICAL" and ops[0]["next_step"].startswith("stop the")
     items = [r for r in got if r["kind"] == "work_item"]
@@ -235,7 +240,8 @@ def test_search_total_and_the_lists_description(view: ConsoleView) -> None:
         == len(refund.items)
         == sum("refund" in r["execution_id"] or "refund" in r["subject_id"] for r in every)
     )
-    assert view.query("attention", {"q": "payments", "kind": "operation"}).total == 1
+    # the refund's two attempts, each UNKNOWN or under review: one row each
+    assert view.query("attention", {"q": "payments", "kind": "operation"}).total == 2
     assert view.query("executions", {"q": "sms"}).items[0]["execution_id"] == "exec-sms-reminder"
     assert view.query("alerts", {"q": "req-deploy"}).total == 1  # by its subject
     page = view.query("attention", {"limit": "2"})

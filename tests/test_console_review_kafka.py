@@ -18,20 +18,22 @@ from streams.contracts.models.enums import (
     AlertKind,
     AlertStatus,
     EvidenceSource,
+    ExecutionStatus,
     OperationEventKind,
     OperationStatus,
     Owner,
     RetryVerdict,
 )
-from streams.contracts.models.events import OperationEvent
+from streams.contracts.models.events import ExecutionStatusChanged, OperationEvent
 from streams.contracts.models.outputs import Alert, OperationState, WorkItemResolution
-from streams.local.scenario import demo_scenario
+from streams.local.scenario import Tick, demo_scenario
 from tests.support import Deployment, deployment, play, worker
 from tests.test_console_kafka import console
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
 WRITE = "review-write-s3cret"
 OP, EX = "op-refund-1", "exec-refund"
+ANOMALY_TTL = "40s"
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,8 @@ def stack(cluster, tmp_path_factory):
     with a write token."""
     dep = deployment(cluster, tmp_path_factory.mktemp("review"))
     play(dep, demo_scenario())
-    with worker(dep) as _w:
+    # an anomaly's alert ends this long after it, in stream time (the last test ticks past)
+    with worker(dep, env={"VIGIL_ANOMALY_ALERT_TTL": ANOMALY_TTL}) as _w:
         dep.read_until(
             [dep.topics.operation_state.name],
             lambda rs: any(
@@ -199,6 +202,13 @@ def test_take_then_verified_settles_the_unknown_operation(stack) -> None:
                 and x.kind is AlertKind.OPERATION_UNKNOWN
                 for x in recs
             )
+            and any(
+                isinstance(x, Alert)
+                and x.subject_id == OP
+                and x.status is AlertStatus.RESOLVED
+                and x.kind is AlertKind.FORBIDDEN_RETRY
+                for x in recs
+            )
         )
 
     records = dep.read_until(outputs, settled, timeout=30)
@@ -235,6 +245,27 @@ def test_take_then_verified_settles_the_unknown_operation(stack) -> None:
     in_console = time.monotonic() - t0
     print(f"review → topics {on_topics:.1f} s, → console {in_console:.1f} s")
     assert row["attempt"] == 2
+    # both attempts settled, one effect under their key: the duplicate send's alert ends
+    retry_ends = [
+        x
+        for x in (r.record for r in records)
+        if isinstance(x, Alert)
+        and x.kind is AlertKind.FORBIDDEN_RETRY
+        and x.status is AlertStatus.RESOLVED
+        and x.subject_id == OP
+    ]
+    assert len(retry_ends) == 1 and retry_ends[0].resolves_alert_id
+    assert wait_for(
+        lambda: (
+            httpx.get(
+                f"{base}/api/alerts",
+                params={"execution_id": EX, "kind": "FORBIDDEN_RETRY"},
+                timeout=5,
+            ).json()["items"]
+            == []
+            or None
+        )
+    )
 
     # one input event per action, double POST included
     events = human_events(dep)
@@ -287,3 +318,188 @@ def test_cli_errors_are_one_line(stack) -> None:
         cli_app, [*args[:-1], "http://127.0.0.1:9"], env={"VIGIL_CONSOLE_WRITE_TOKEN": WRITE}
     )
     assert res.exit_code == 8 and "cannot reach" in res.output and "Traceback" not in res.output
+
+
+PAY, PAY_OP = "exec-pay", "op-pay-1"
+
+
+def test_an_unknown_attempt_under_a_verified_one_is_counted_reviewed_and_its_alerts_end(
+    stack,
+) -> None:
+    """Attempt 1 times out (UNKNOWN), attempt 2 under another key is sent (a forbidden retry)
+    and verified: the operation is VERIFIED, its retry FORBIDDEN, and the console counts,
+    filters and lists attempt 1 as UNKNOWN and blocking. Reviewed through its work item,
+    attempt 1 fails: nothing blocks a retry any more, and the FORBIDDEN_RETRY alert ends with
+    a RESOLVED alert the console counts. A duplicate input's ANOMALY alert ends
+    VIGIL_ANOMALY_ALERT_TTL of stream time later (docs/rules.md#alert-lifecycle). Runs last:
+    it moves time on."""
+    dep, base, _, _ = stack
+    t = datetime.now(UTC).replace(microsecond=0)
+    K = OperationEventKind
+
+    def op(attempt: int, kind: OperationEventKind, at: datetime, key: str, **kw: Any):
+        return OperationEvent(
+            event_id=f"{PAY_OP}-{attempt}-{kind}",
+            execution_id=PAY,
+            operation_id=PAY_OP,
+            attempt=attempt,
+            idempotency_key=key,
+            connector="payments",
+            kind=kind,
+            occurred_at=at,
+            **kw,
+        )
+
+    status = ExecutionStatusChanged(
+        event_id="pay-s1",
+        execution_id=PAY,
+        sequence=1,
+        status=ExecutionStatus.RUNNING,
+        occurred_at=t,
+    )
+    s = timedelta(seconds=1)
+    play(
+        dep,
+        [
+            status,
+            op(1, K.SENT, t + s, "k-1", reply_due_at=t + 2 * s),
+            Tick(t + 3 * s),
+            op(2, K.SENT, t + 4 * s, "k-2", reply_due_at=t + 30 * s),
+            op(2, K.VERIFIED, t + 5 * s, "k-2", evidence_source=EvidenceSource.CONNECTOR),
+            status,  # a redelivery by its producer: a DUPLICATE anomaly
+            Tick(t + 6 * s),
+        ],
+    )
+
+    def pay_row() -> dict[str, Any] | None:
+        r = httpx.get(f"{base}/api/operations", params={"execution_id": PAY}, timeout=5)
+        rows = r.json()["items"]
+        return rows[0] if rows and rows[0]["status"] == "VERIFIED" else None
+
+    row = wait_for(pay_row)
+    assert (row["attempt"], row["retry"], row["blocking"]) == (2, "FORBIDDEN", True)
+    assert [(a["attempt"], a["status"], a["blocks_retry"]) for a in row["attempts"]] == [
+        (1, "UNKNOWN", True),
+        (2, "VERIFIED", False),
+    ]
+    found = httpx.get(
+        f"{base}/api/operations", params={"status": "UNKNOWN", "execution_id": PAY}, timeout=5
+    ).json()["items"]
+    assert [o["operation_id"] for o in found] == [PAY_OP]
+    summary = httpx.get(f"{base}/api/summary", timeout=5).json()
+    assert summary["attempts_blocking_by_status"].get("UNKNOWN", 0) >= 1
+    with Client(console_url=base) as client:
+        (typed,) = client.operations(execution_id=PAY, blocking=True).items
+        assert [a.attempt for a in typed.blocking_attempts()] == [1]
+
+    def firing(kind: str) -> list[dict[str, Any]]:
+        r = httpx.get(f"{base}/api/alerts", params={"execution_id": PAY, "kind": kind}, timeout=5)
+        return r.json()["items"]
+
+    (retry_alert,) = wait_for(lambda: firing("FORBIDDEN_RETRY") or None)
+    (anomaly_alert,) = wait_for(lambda: firing("ANOMALY") or None)
+
+    # attempt 1's work item has its own review
+    (item,) = [
+        w
+        for w in httpx.get(
+            f"{base}/api/work-items", params={"execution_id": PAY}, timeout=5
+        ).json()["items"]
+        if w["attempt"] == 1
+    ]
+    assert item["work_item_id"] == typed.attempts[0].open_work_item_id
+    url = f"{base}/api/executions/{PAY}/work-items/{item['work_item_id']}/review"
+    body = {"action": "failed", "note": "the bank never booked it", "reviewer": "carol"}
+    r = httpx.post(url, json={**body, "attempt": 2}, headers=AUTH, timeout=20)
+    assert r.status_code == 400 and "attempt 1" in r.json()["error"]
+    first = httpx.post(url, json=body, headers=AUTH, timeout=20)
+    assert first.status_code == 202, first.text
+    assert (first.json()["attempt"], first.json()["operation_id"]) == (1, PAY_OP)
+    again = httpx.post(url, json=body, headers=AUTH, timeout=20)
+    assert again.status_code == 200 and again.json()["published"] is False
+    # time on, past the review (stamped now) and the story's own last tick
+    dep.tick(max(datetime.now(UTC), t + 6 * s) + s)
+
+    def settled() -> dict[str, Any] | None:
+        r = httpx.get(f"{base}/api/operations", params={"execution_id": PAY}, timeout=5)
+        (o,) = r.json()["items"]
+        return o if not o["blocking"] else None
+
+    row = wait_for(settled)
+    assert row["retry"] == "NOT_NEEDED"
+    assert [(a["attempt"], a["status"]) for a in row["attempts"]] == [
+        (1, "FAILED"),
+        (2, "VERIFIED"),
+    ]
+    assert wait_for(lambda: firing("FORBIDDEN_RETRY") == [] or None)
+    records = dep.read_until(
+        [dep.topics.alerts.name],
+        lambda rs: any(
+            isinstance(x.record, Alert) and x.record.resolves_alert_id == retry_alert["alert_id"]
+            for x in rs
+        ),
+        30,
+    )
+    (ended,) = [
+        x.record
+        for x in records
+        if isinstance(x.record, Alert) and x.record.resolves_alert_id == retry_alert["alert_id"]
+    ]
+    assert (ended.kind, ended.status) == (AlertKind.FORBIDDEN_RETRY, AlertStatus.RESOLVED)
+    again = httpx.post(url, json=body, headers=AUTH, timeout=20)
+    assert again.status_code == 409 and "resolved already" in again.json()["error"]
+
+    # the anomaly's alert: firing until VIGIL_ANOMALY_ALERT_TTL of stream time has passed
+    assert [a["alert_id"] for a in firing("ANOMALY")] == [anomaly_alert["alert_id"]]
+    dep.tick(t + 41 * s)
+    assert wait_for(lambda: firing("ANOMALY") == [] or None)
+    resolved = httpx.get(
+        f"{base}/api/alerts",
+        params={"execution_id": PAY, "kind": "ANOMALY", "status": "RESOLVED"},
+        timeout=5,
+    ).json()["items"]
+    assert [a["alert_id"] for a in resolved] == [anomaly_alert["alert_id"]]
+    assert resolved[0]["resolved_by"]
+
+
+def wait_for(probe: Any, timeout: float = 30) -> Any:
+    """``probe()`` until it gives something (not None), or fail."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = probe()
+        if got is not None:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"not reached in {timeout} s: {probe}")
+
+
+def test_a_replay_publishes_the_live_alert_ends(stack) -> None:
+    """``vigil replay`` of everything the module wrote (the demo, the reviews, the payment
+    story): the same alerts, FIRING and RESOLVED, with the same ids and times as live: the
+    ends of the forbidden retries and of the anomaly are decided from the input log alone
+    (docs/rules.md#alert-lifecycle). Runs after the story above, whose last tick it needs."""
+    from dataclasses import replace as with_
+
+    from streams.durations import parse_duration
+    from streams.replay import run_replay
+
+    dep, _, _, _ = stack
+    live = {
+        r.record.alert_id: r.record
+        for r in dep.read([dep.topics.alerts.name], idle=2.0)
+        if isinstance(r.record, Alert)
+    }
+    assert any(
+        a.kind is AlertKind.ANOMALY and a.status is AlertStatus.RESOLVED for a in live.values()
+    )
+    settings = with_(dep.settings, anomaly_alert_ttl=parse_duration(ANOMALY_TTL))  # the worker's
+    summary = run_replay(settings, dep.codec, datetime(2026, 1, 1, tzinfo=UTC), show_progress=False)
+    assert summary.dead_letters == 0
+    replayed = {
+        r.record.alert_id: r.record
+        for r in dep.read([dep.topics.alerts.name + "-replay"], idle=2.0)
+        if isinstance(r.record, Alert)
+    }
+    ends = {i for i, a in live.items() if a.kind in (AlertKind.FORBIDDEN_RETRY, AlertKind.ANOMALY)}
+    assert ends and {i: replayed.get(i) for i in ends} == {i: live[i] for i in ends}
+    assert replayed == live

@@ -512,6 +512,7 @@ DOMAIN_SETTINGS = {
     "verify_timeout": ("VIGIL_VERIFY_TIMEOUT", True),
     "closed_retention": ("VIGIL_CLOSED_RETENTION", False),
     "orphan_after": ("VIGIL_ORPHAN_AFTER", False),
+    "anomaly_alert_ttl": ("VIGIL_ANOMALY_ALERT_TTL", True),
     "max_future_skew": ("VIGIL_MAX_FUTURE_SKEW", False),
     "allowed_lateness": ("VIGIL_ALLOWED_LATENESS", False),
 }

@@ -81,9 +81,12 @@ def test_a_rejected_forbidden_retry_leaves_the_verdict_forbidden_while_attempt_1
 def test_settling_attempt_1_republishes_the_operation_with_the_verdict_released() -> None:
     step, states = _unknown_then_forbidden_retry_rejected()
     settled = run(ev(K.FAILED, 90, attempt=1, source=E.RECONCILER), book=step.book)
-    state, resolution, resolved = settled.outputs
+    state, resolution, resolved, retry_ended = settled.outputs
     assert isinstance(resolution, WorkItemResolution) and resolution.attempt == 1
     assert isinstance(resolved, Alert)
+    # both attempts settled, neither took effect: the forbidden retry's alert ends too
+    assert isinstance(retry_ended, Alert) and retry_ended.kind == "FORBIDDEN_RETRY"
+    assert retry_ended.status == "RESOLVED"
     assert isinstance(state, OperationState)
     assert (state.attempt, state.status, state.retry) == (2, S.FAILED, V.SAFE)
     assert state.open_work_item_id is None and state.held_by_attempt is None

@@ -274,9 +274,22 @@ def test_a_verified_attempt_settles_the_unknown_attempts_sharing_its_key(source:
         )
         assert r.evidence == ("verified_by=charge-1#2", "idempotency_key=k-1")
     resolved = [
-        a for a in step.outputs if isinstance(a, Alert) and a.status is AlertStatus.RESOLVED
+        a
+        for a in step.outputs
+        if isinstance(a, Alert)
+        and a.status is AlertStatus.RESOLVED
+        and a.kind is not AlertKind.FORBIDDEN_RETRY
     ]
     assert len(resolved) == 3 and len({a.resolves_alert_id for a in resolved}) == 3
+    # the retries under k-1 are decided (one effect, verified), the keyless one is not
+    retries_ended = [
+        a.evidence[0]
+        for a in step.outputs
+        if isinstance(a, Alert)
+        and a.status is AlertStatus.RESOLVED
+        and a.kind is AlertKind.FORBIDDEN_RETRY
+    ]
+    assert retries_ended == ["attempt=charge-1#2:VERIFIED", "attempt=charge-2#1:VERIFIED"]
     for a in resolved:
         if a.subject_id == "charge-2" or "attempt=charge-1#1" in a.evidence:
             assert "verified_by=charge-1#2" in a.evidence

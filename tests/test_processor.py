@@ -189,8 +189,12 @@ def test_decision_for_a_request_that_never_comes_is_an_orphan_anomaly(proc: Proc
     out = ticks(proc, T0 + timedelta(hours=1, seconds=1))
     (orphan,) = [r for r in out if isinstance(r, Anomaly)]
     assert orphan.kind == AnomalyKind.ORPHAN_FACT and "req-never" in orphan.reason
-    assert any(isinstance(r, Alert) and r.kind == "ANOMALY" for r in out)
-    assert ticks(proc, T0 + timedelta(hours=3)) == []  # reported once
+    (fired,) = [r for r in out if isinstance(r, Alert) and r.kind == "ANOMALY"]
+    # reported once; its alert ends VIGIL_ANOMALY_ALERT_TTL (1 h) after the anomaly
+    (ended,) = ticks(proc, T0 + timedelta(hours=3))
+    assert isinstance(ended, Alert) and ended.resolves_alert_id == fired.alert_id
+    assert ended.occurred_at == orphan.detected_at + timedelta(hours=1)
+    assert ticks(proc, T0 + timedelta(hours=4)) == []
 
 
 def test_unreadable_decision_code_is_an_anomaly(proc: Processor) -> None:

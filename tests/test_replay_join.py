@@ -164,3 +164,47 @@ def test_a_share_of_the_partitions_runs_no_join() -> None:
     for env in partition_log(0):
         out += processor.handle(env)
     assert {e.topic for e in out} <= {t.name for t in TOPICS.outputs()}
+
+
+def _settled_log(partition: int, a_at: timedelta, b_at: timedelta) -> list[Envelope]:
+    """``partition_log``, then A rejected and B verified by the connector at the given times,
+    then ticks past both on every input topic."""
+    envs = partition_log(partition)
+    later = [
+        op(A, 3, K.FAILED, a_at, "order-42", evidence_source=EvidenceSource.CONNECTOR),
+        op(B, 2, K.VERIFIED, b_at, "order-42", evidence_source=EvidenceSource.CONNECTOR),
+    ]
+    mine = [e for e in later if partition_of(e.execution_id, PARTITIONS) == partition]
+    envs += [_env(TOPICS.operation_events.name, e, 50 + i, partition) for i, e in enumerate(mine)]
+    at = T0 + max(a_at, b_at) + timedelta(minutes=1)
+    for spec in TOPICS.inputs():
+        tick = ClockTick(ticker_id="t", partition=partition, occurred_at=at)
+        envs.append(_env(spec.name, tick, 200, partition))
+    return envs
+
+
+@pytest.mark.parametrize("order", [[0, 1], [1, 0]])
+@pytest.mark.parametrize("last", ["A", "B"])
+def test_the_blind_retry_alert_ends_once_both_attempts_are_settled(
+    order: list[int], last: str
+) -> None:
+    """A rejected, B verified: one RESOLVED alert of B's execution names the blind retry's
+    alert, stamped with the later settling, whichever side settles last and whatever order
+    the partitions are read in (docs/rules.md#alert-lifecycle)."""
+    a_at, b_at = timedelta(minutes=7), timedelta(minutes=6)  # A settles last
+    if last == "B":
+        a_at, b_at = b_at, a_at
+    processor, join = replay_processor(SETTINGS, None)
+    assert join is not None
+    out: list[Emission] = []
+    for p in order:
+        for env in _settled_log(p, a_at, b_at):
+            out += route(processor, join, processor.handle(env))
+    out += route(processor, join, processor.publish_progress())
+    fired = [a for a in _forbidden(out) if a.execution_id == B and a.status == "FIRING"]
+    ended = [a for a in _forbidden(out) if a.status == "RESOLVED"]
+    assert len(fired) == 1 and len(ended) == 1
+    (end,) = ended
+    assert end.execution_id == B and end.resolves_alert_id == fired[0].alert_id
+    assert end.occurred_at == T0 + max(a_at, b_at)
+    assert f"previous_execution={A}" in end.evidence

@@ -242,10 +242,29 @@ def test_an_anomaly_carries_the_trace_of_the_input_it_reports() -> None:
 # -- nothing changes without it ----------------------------------------------------------------
 
 
-def _schema_before(model: type[Record]) -> dict:
+#: Fields added to an output schema after ``traceparent`` (later compatible evolutions), in
+#: order: each must be a boolean, whose Avro encoding is one byte.
+LATER_FIELDS: dict[str, tuple[str, ...]] = {"Alert": ("ends_with_resolved",)}
+
+
+def _traceparent_at(model: type[Record]) -> tuple[dict, int]:
+    """The schema and the index of its ``traceparent``, after which only ``LATER_FIELDS``."""
     schema = model.avro_schema()
-    assert schema["fields"][-1]["name"] == "traceparent"
-    return {**schema, "fields": schema["fields"][:-1]}
+    names = [f["name"] for f in schema["fields"]]
+    i = names.index("traceparent")
+    assert tuple(names[i + 1 :]) == LATER_FIELDS.get(model.avro_name, ())
+    return schema, i
+
+
+def _schema_before(model: type[Record]) -> dict:
+    schema, i = _traceparent_at(model)
+    return {**schema, "fields": schema["fields"][:i]}
+
+
+def _schema_with(model: type[Record]) -> dict:
+    """The schema as ``traceparent`` left it: up to and with it."""
+    schema, i = _traceparent_at(model)
+    return {**schema, "fields": schema["fields"][: i + 1]}
 
 
 def test_outputs_without_a_trace_are_the_old_bytes_plus_one_null() -> None:
@@ -264,25 +283,28 @@ def test_outputs_without_a_trace_are_the_old_bytes_plus_one_null() -> None:
     assert {type(r) for r in records} == set(OUTPUT_MODELS)
     for model in OUTPUT_MODELS:
         old = parse_schema(_schema_before(model))
-        new = parse_schema(model.avro_schema())
+        new = parse_schema(_schema_with(model))
         compiled = compile_writer(model.avro_schema())
         for r in [r for r in records if type(r) is model][:50]:
             before, after = io.BytesIO(), io.BytesIO()
             schemaless_writer(before, old, r.to_avro())
             schemaless_writer(after, new, r.to_avro())
             assert after.getvalue() == before.getvalue() + b"\x00"
-            assert compiled(r.__dict__) == after.getvalue()
+            later = bytes(int(getattr(r, f)) for f in LATER_FIELDS.get(model.avro_name, ()))
+            assert compiled(r.__dict__) == after.getvalue() + later
 
 
 def test_every_input_schema_but_the_tick_and_every_output_schema_end_with_it() -> None:
+    """``traceparent`` is the last field, but for fields added after it (``LATER_FIELDS``)."""
     for model in (*INPUT_MODELS, *OUTPUT_MODELS):
-        last = model.avro_schema()["fields"][-1]
         if model is ClockTick:
-            assert last["name"] != "traceparent"
+            assert model.avro_schema()["fields"][-1]["name"] != "traceparent"
             continue
-        assert last["name"] == "traceparent"
-        assert last["type"] == ["null", "string"] and last["default"] is None
-        assert list(model.model_fields)[-1] == "traceparent"
+        schema, i = _traceparent_at(model)
+        field = schema["fields"][i]
+        assert field["type"] == ["null", "string"] and field["default"] is None
+        later = LATER_FIELDS.get(model.avro_name, ())
+        assert list(model.model_fields)[-1 - len(later)] == "traceparent"
 
 
 def test_state_entries_without_traces_keep_their_five_fields() -> None:

@@ -55,8 +55,9 @@ def alert_bridge(
     event_ttl: Annotated[
         str | None,
         typer.Option(
-            help="How long FORBIDDEN_RETRY and ANOMALY alerts (never resolved by a record) stay "
-            "active (env VIGIL_ALERT_BRIDGE_EVENT_TTL, 1h)."
+            help="How long FORBIDDEN_RETRY and ANOMALY alerts written before vigil ended them "
+            "(no ends_with_resolved: no RESOLVED record will come) stay active; every other "
+            "alert lasts until its RESOLVED record (env VIGIL_ALERT_BRIDGE_EVENT_TTL, 1h)."
         ),
     ] = None,
     retry_max: Annotated[

@@ -842,7 +842,8 @@ def demo(
     Starts the local broker and registry (unless KAFKA_BOOTSTRAP_SERVERS is set), creates
     topics, runs a worker and the operator console, plays the reference audit, a connector
     timeout reconciled later, a forbidden retry and a normal execution (moved in time to end
-    now), and shows verdicts, work items and alerts as they arrive. Prints the worker API's
+    now), and shows verdicts, work items and alerts as they arrive, in the order they took
+    effect (a resolution names what it ends). Prints the worker API's
     address once the worker is ready; ends by printing the console's address (and a write
     token for manual review) and the worker API's again; Ctrl-C stops all it started.
     With --agent, a LangGraph graph, an OpenAI Agents SDK agent or an MCP client session runs

@@ -160,23 +160,30 @@ def review_event_id(state: OperationState, attempt: int, action: ReviewAction) -
     return deterministic_id("review", key, attempt, action)
 
 
-def attempt_status(state: OperationState, attempt: int | None) -> tuple[int, S] | Refusal:
+def attempt_status(
+    state: OperationState, attempt: int | None, known: Mapping[int, S] | None = None
+) -> tuple[int, S] | Refusal:
     """The attempt a review is about and its status, as far as the view knows it: the
-    operation's state describes its latest attempt, and names the older attempt that holds
-    its retry verdict (``held_by_*``). Another older attempt's status is not in the view."""
+    operation's state describes its latest attempt and names the older attempt that holds its
+    retry verdict (``held_by_*``); ``known`` is every attempt the view knows of, from the
+    state, the work items and the reconciler (``streams/console/attempts.py``). An attempt
+    the view knows nothing of (an older one still within its reply deadline) is refused."""
     if attempt is None or attempt == state.attempt:
         return state.attempt, state.status
+    if known and attempt in known:
+        return attempt, known[attempt]
     if (
         state.held_by_operation_id == state.operation_id
         and state.held_by_attempt == attempt
         and state.held_by_status is not None
     ):
         return attempt, state.held_by_status
+    listed = sorted({state.attempt, *(known or ())})
     return Refusal(
         409,
-        f"attempt {attempt} of {state.operation_id} is not known to the console: it shows the "
-        f"latest attempt ({state.attempt}) and the attempt holding the retry verdict "
-        f"({state.held_by_attempt if state.held_by_operation_id == state.operation_id else '-'})",
+        f"attempt {attempt} of {state.operation_id} is not known to the console: it knows "
+        f"attempts {', '.join(map(str, listed))} (the latest, and those with a work item or "
+        "holding the retry verdict)",
     )
 
 
@@ -211,13 +218,17 @@ def core_refusal(attempt: int, status: S, event: OperationEvent) -> tuple[Anomal
 
 
 def decide(
-    state: OperationState | None, operation_id: str, request: ReviewRequest, now: datetime
+    state: OperationState | None,
+    operation_id: str,
+    request: ReviewRequest,
+    now: datetime,
+    known: Mapping[int, S] | None = None,
 ) -> OperationEvent | Refusal:
     """The event to publish for ``request`` on the operation the view shows as ``state``
-    (None: the view has never seen it), or why not."""
+    (None: the view has never seen it), whose attempts it knows as ``known``, or why not."""
     if state is None:
         return Refusal(404, f"no operation {operation_id!r} in the console's view")
-    target = attempt_status(state, request.attempt)
+    target = attempt_status(state, request.attempt, known)
     if isinstance(target, Refusal):
         return target
     attempt, status = target
@@ -294,13 +305,16 @@ def write_allowed(authorization: str, write_token: str | None) -> bool:
 def register_review(app: web.Application, ctx: ConsoleContext) -> None:
     """``POST /api/executions/{execution_id}/operations/{operation_id}/review`` (and
     ``/api/operations/{operation_id}/review``, while one execution uses that operation id;
-    409 otherwise): checks, in this order, that the request
-    is not cross-site (403), carries the write token (401; 403 when this console has none:
-    writes are off), is JSON with a valid body (415, 400), names an operation the view knows
-    (404) and an action the pipeline would apply (409); then publishes the event (202), or
-    answers 200 without publishing when that very event was published already (a double
-    click). Every authenticated request is a row of ``review_log`` and a log line; the token
-    is never logged."""
+    409 otherwise), with the attempt in the body (any attempt the view knows of; the latest
+    when none is named); and ``POST /api/executions/{execution_id}/work-items/{work_item_id}/
+    review`` (and ``/api/work-items/{work_item_id}/review``, while one execution has a work
+    item of that id), the attempt of that open work item. Checks, in this order, that the
+    request is not cross-site (403), carries the write token (401; 403 when this console has
+    none: writes are off), is JSON with a valid body (415, 400), names an operation (or an open
+    work item) the view knows (404; a resolved work item 409) and an action the pipeline would
+    apply (409); then publishes the event (202), or answers 200 without publishing when that
+    very event was published already (a double click). Every authenticated request is a row of
+    ``review_log`` and a log line; the token is never logged."""
     from aiohttp import web
 
     from streams.kafka.topics import Topics
@@ -380,6 +394,64 @@ def register_review(app: web.Application, ctx: ConsoleContext) -> None:
                 )
         return OperationState.model_validate_json(rows[0]["record"]) if rows else None
 
+    def load_work_item(
+        execution_id: str | None, work_item_id: str, req: ReviewRequest
+    ) -> tuple[str, str, ReviewRequest] | Refusal:
+        """The execution and operation of an open work item, and the request about its
+        attempt; by its id alone only while one execution has a work item of that id."""
+        if execution_id is not None:
+            rows = ctx.view.execute_read(
+                "SELECT execution_id, operation_id, record, open, resolution FROM work_items"
+                " WHERE row_key = ?",
+                (scoped_key(execution_id, work_item_id),),
+            )
+        else:
+            rows = ctx.view.execute_read(
+                "SELECT execution_id, operation_id, record, open, resolution FROM work_items"
+                " WHERE work_item_id = ? LIMIT 2",
+                (work_item_id,),
+            )
+            if len(rows) > 1:
+                return Refusal(
+                    409,
+                    f"work item id {work_item_id!r} is used by more than one execution: "
+                    "POST /api/executions/{execution_id}/work-items/{work_item_id}/review",
+                )
+        if not rows:
+            return Refusal(404, f"no work item {work_item_id!r} in the console's view")
+        row = rows[0]
+        attempt = int(json.loads(row["record"])["attempt"])
+        if not row["open"]:
+            outcome = json.loads(row["resolution"])["outcome"] if row["resolution"] else "-"
+            return Refusal(
+                409,
+                f"work item {work_item_id} is resolved already (attempt {attempt} of "
+                f"{row['operation_id']} settled {outcome}): nothing to review",
+            )
+        if req.attempt is not None and req.attempt != attempt:
+            return Refusal(
+                400,
+                f"work item {work_item_id} is about attempt {attempt}, not {req.attempt}: "
+                "leave the attempt out, or name that one",
+            )
+        return (
+            row["execution_id"],
+            row["operation_id"],
+            ReviewRequest(req.action, req.note, req.reviewer, attempt),
+        )
+
+    def load_target(
+        execution_id: str | None, operation_id: str
+    ) -> tuple[OperationState | Refusal | None, dict[int, S]]:
+        """The operation's state (``load_state``) and the attempts the view knows of it."""
+        state = load_state(execution_id, operation_id)
+        known = (
+            ctx.view.attempts(state.execution_id, operation_id)
+            if isinstance(state, OperationState)
+            else {}
+        )
+        return state, known
+
     def published_before(event_id: str) -> dict[str, Any] | None:
         rows = ctx.view.execute_read(
             "SELECT at, reviewer FROM review_log WHERE event_id = ? AND outcome = 'published'"
@@ -394,7 +466,9 @@ def register_review(app: web.Application, ctx: ConsoleContext) -> None:
         producer.flush(15)
 
     async def review(request: web.Request) -> web.Response:
-        operation_id = request.match_info["operation_id"]
+        work_item_id = request.match_info.get("work_item_id")
+        # a work item's review names its operation once the item is found
+        operation_id = request.match_info.get("operation_id") or f"work-item:{work_item_id}"
         execution_id = request.match_info.get("execution_id")
         why = cross_site(request.headers, request.host)
         if why is not None:
@@ -435,12 +509,26 @@ def register_review(app: web.Application, ctx: ConsoleContext) -> None:
                 request, execution_id, operation_id, None, "refused", parsed.status, parsed.message
             )
             return reply(parsed.status, parsed.body())
+        if work_item_id is not None:
+            located = await asyncio.to_thread(load_work_item, execution_id, work_item_id, parsed)
+            if isinstance(located, Refusal):
+                await record(
+                    request,
+                    execution_id,
+                    operation_id,
+                    parsed,
+                    "refused",
+                    located.status,
+                    located.message,
+                )
+                return reply(located.status, located.body())
+            execution_id, operation_id, parsed = located
         async with lock:
-            state = await asyncio.to_thread(load_state, execution_id, operation_id)
+            state, known = await asyncio.to_thread(load_target, execution_id, operation_id)
             decided = (
                 state
                 if isinstance(state, Refusal)
-                else decide(state, operation_id, parsed, datetime.now(UTC))
+                else decide(state, operation_id, parsed, datetime.now(UTC), known)
             )
             if isinstance(decided, Refusal):
                 await record(
@@ -489,6 +577,9 @@ def register_review(app: web.Application, ctx: ConsoleContext) -> None:
     app.router.add_post("/api/executions/{execution_id}/operations/{operation_id}/review", review)
     # By the operation id alone: answered while one execution uses that id, else 409.
     app.router.add_post("/api/operations/{operation_id}/review", review)
+    # The attempt of an open work item, by the item.
+    app.router.add_post("/api/executions/{execution_id}/work-items/{work_item_id}/review", review)
+    app.router.add_post("/api/work-items/{work_item_id}/review", review)
 
 
 __all__ = [

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from streams.console import attention as att
+from streams.console.attempts import WorkItem, derive
 from streams.console.attention import SEVERITY_RANK_SQL
 from streams.contracts.keys import scoped_key
 from streams.contracts.models.base import Record
@@ -59,8 +60,12 @@ from streams.contracts.models.outputs import (
 from streams.core.approvals import CLOSED_VERDICTS
 from streams.core.operations import NEXT_STEP_OVERDUE, NEXT_STEP_UNKNOWN
 
+#: Alert kinds that had no RESOLVED record before ``Alert.ends_with_resolved``: one of them
+#: written without that flag never ends, so the view does not count it as firing.
+_ENDED_ONLY_SINCE = {AlertKind.FORBIDDEN_RETRY, AlertKind.ANOMALY}
+
 #: Bumped when the tables change: an older file is dropped and rebuilt from the topics.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Tables kept across a version change: written by the console itself (``review.py``), not
 #: rebuilt from the topics.
 KEPT_TABLES = frozenset({"review_log"})
@@ -81,7 +86,7 @@ CREATE INDEX IF NOT EXISTS executions_since ON executions (since_ms, execution_i
 CREATE TABLE IF NOT EXISTS operations (
     row_key TEXT PRIMARY KEY, operation_id TEXT NOT NULL, execution_id TEXT NOT NULL,
     status TEXT NOT NULL, connector TEXT NOT NULL, owner TEXT, since_ms INTEGER NOT NULL,
-    record TEXT NOT NULL);
+    record TEXT NOT NULL, attempts TEXT);
 CREATE INDEX IF NOT EXISTS operations_since ON operations (since_ms, row_key);
 CREATE INDEX IF NOT EXISTS operations_id ON operations (operation_id);
 CREATE INDEX IF NOT EXISTS operations_execution ON operations (execution_id);
@@ -111,6 +116,11 @@ CREATE INDEX IF NOT EXISTS alerts_occurred ON alerts (occurred_at_ms, alert_id);
 CREATE INDEX IF NOT EXISTS alerts_execution ON alerts (execution_id);
 CREATE TABLE IF NOT EXISTS alert_resolutions (
     resolves_alert_id TEXT PRIMARY KEY, alert_id TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS attempts (
+    op_row_key TEXT NOT NULL, attempt INTEGER NOT NULL, execution_id TEXT NOT NULL,
+    operation_id TEXT NOT NULL, status TEXT NOT NULL, blocks_retry INTEGER NOT NULL,
+    open_work_item_id TEXT, PRIMARY KEY (op_row_key, attempt));
+CREATE INDEX IF NOT EXISTS attempts_blocking ON attempts (blocks_retry, status);
 CREATE TABLE IF NOT EXISTS timeline (
     row_key TEXT PRIMARY KEY, record_id TEXT NOT NULL, execution_id TEXT NOT NULL,
     at_ms INTEGER NOT NULL,
@@ -408,11 +418,14 @@ LISTS: dict[str, ListSpec] = {
         {"since": ("since_ms", False), "-since": ("since_ms", True)},
         "since",
         {
+            # the latest attempt's status, or that of any attempt still blocking a retry
             "status": Filter("status", _names(OperationStatus)),
             "connector": Filter("connector"),
             "owner": Filter("owner", _OWNERS),
             "execution_id": Filter("execution_id"),
             "q": _search("operation_id", "execution_id", "connector"),
+            # an attempt of it is sent and not settled (``attempts.blocks_retry``)
+            "blocking": Filter("blocking", kind="bool"),
         },
     ),
     "work-items": ListSpec(
@@ -548,6 +561,68 @@ class Page:
             "total": self.total,
             "as_of": self.as_of,
         }
+
+
+#: The operations with an attempt still blocking a retry (an SQL fragment, its closing
+#: parentheses left to the caller: ``row_key IN (...)``).
+_BLOCKING = "row_key IN (SELECT op_row_key FROM attempts WHERE blocks_retry = 1"
+
+
+def _refresh_attempts(
+    db: sqlite3.Connection,
+    execution_id: str,
+    operation_id: str,
+    state: OperationState | None = None,
+) -> None:
+    """The attempts of one operation derived again from what the view holds of it (its
+    state, given when just applied, its work items with their resolutions and the
+    reconciler's progress): into the ``attempts`` table, for counts and filters, and the
+    operation's row, for the lists."""
+    key = scoped_key(execution_id, operation_id)
+    if state is None:
+        row = db.execute("SELECT record FROM operations WHERE row_key = ?", (key,)).fetchone()
+        state = OperationState.model_validate_json(row[0]) if row else None
+    if (
+        state is not None
+        and state.attempt == 1
+        and state.held_by_attempt is None
+        and state.open_work_item_id is None
+    ):
+        # the common case, one attempt and no work item open: its state says it all (an item
+        # of it is resolved, and its state, the latest, says how)
+        items: list[WorkItem] = []
+    else:
+        items = _work_items(db, execution_id, operation_id)
+    known = derive(state, items)
+    db.execute("DELETE FROM attempts WHERE op_row_key = ?", (key,))
+    db.executemany(
+        "INSERT INTO attempts VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [
+            (key, a.attempt, execution_id, operation_id, a.status.value, int(a.blocks_retry),
+             a.open_work_item_id)
+            for a in known
+        ],
+    )  # fmt: skip
+    db.execute(
+        "UPDATE operations SET attempts = ? WHERE row_key = ?",
+        (json.dumps([a.to_json() for a in known], separators=(",", ":")), key),
+    )
+
+
+def _work_items(db: sqlite3.Connection, execution_id: str, operation_id: str) -> list[WorkItem]:
+    """The work items of one operation, with their resolutions and the reconciler's progress."""
+    return [
+        WorkItem(
+            ReconciliationWorkItem.model_validate_json(item),
+            WorkItemResolution.model_validate_json(res) if res else None,
+            ReconciliationCheck.model_validate_json(check) if check else None,
+        )
+        for item, res, check in db.execute(
+            "SELECT record, resolution, reconciler FROM work_items"
+            " WHERE execution_id = ? AND operation_id = ?",
+            (execution_id, operation_id),
+        )
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -756,7 +831,8 @@ class ConsoleView:
         elif isinstance(rec, OperationState):
             owner = operation_owner(rec)
             db.execute(
-                "INSERT INTO operations VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (row_key)"
+                "INSERT INTO operations (row_key, operation_id, execution_id, status, connector,"
+                " owner, since_ms, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (row_key)"
                 " DO UPDATE SET status=excluded.status,"
                 " connector=excluded.connector, owner=excluded.owner,"
                 " since_ms=excluded.since_ms, record=excluded.record",
@@ -764,6 +840,7 @@ class ConsoleView:
                  rec.execution_id, rec.status.value, rec.connector,
                  owner.value if owner else None, _ms(rec.since), body),
             )  # fmt: skip
+            _refresh_attempts(db, rec.execution_id, rec.operation_id, rec)
         elif isinstance(rec, ApprovalVerdict):
             started = _ms(rec.requested_at) if rec.requested_at else _ms(rec.evaluated_at)
             db.execute(
@@ -793,6 +870,7 @@ class ConsoleView:
                  rec.connector, _ms(rec.deadline), _ms(rec.created_at), int(res is None), body,
                  res[0] if res else None, checks[0] if checks else None),
             )  # fmt: skip
+            _refresh_attempts(db, rec.execution_id, rec.operation_id)
         elif isinstance(rec, WorkItemResolution):
             row_key = scoped_key(rec.execution_id, rec.work_item_id)
             db.execute("INSERT OR REPLACE INTO resolutions VALUES (?, ?)", (row_key, body))
@@ -800,6 +878,7 @@ class ConsoleView:
                 "UPDATE work_items SET open = 0, resolution = ? WHERE row_key = ?",
                 (body, row_key),
             )
+            _refresh_attempts(db, rec.execution_id, rec.operation_id)
         elif isinstance(rec, Alert):
             if rec.status is AlertStatus.RESOLVED and rec.resolves_alert_id:
                 db.execute(
@@ -815,11 +894,13 @@ class ConsoleView:
                     "SELECT alert_id FROM alert_resolutions WHERE resolves_alert_id = ?",
                     (rec.alert_id,),
                 ).fetchone()
+                # written before its kind was ended: nothing will end it
+                endless = rec.kind in _ENDED_ONLY_SINCE and not rec.ends_with_resolved
                 db.execute(
                     "INSERT OR REPLACE INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (rec.alert_id, rec.kind.value, rec.severity.value, rec.owner.value,
-                     rec.execution_id, int(closed is None), _ms(rec.occurred_at), body,
-                     closed[0] if closed else None),
+                     rec.execution_id, int(closed is None and not endless),
+                     _ms(rec.occurred_at), body, closed[0] if closed else None),
                 )  # fmt: skip
         self._derive(db, rec)
         return {"kind": kind, "id": subject, "execution_id": rec.execution_id}
@@ -985,6 +1066,7 @@ class ConsoleView:
         db.execute(
             "UPDATE work_items SET reconciler = ? WHERE work_item_id = ?", (body, rec.work_item_id)
         )
+        _refresh_attempts(db, rec.execution_id, rec.operation_id)
         return {"kind": "work_item", "id": rec.work_item_id, "execution_id": rec.execution_id}
 
     def execute_write(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> int:
@@ -1072,12 +1154,18 @@ class ConsoleView:
                 if fname == "status" and spec.name == "alerts":
                     where.append("firing = ?")
                     args.append(int(value == "FIRING"))
+                elif fname == "status" and spec.name == "operations":
+                    where.append(f"(status = ? OR {_BLOCKING} AND status = ?))")
+                    args += [value, value]
                 else:
                     where.append(f"{f.column} = ?")
                     args.append(value)
             elif f.kind == "bool":
                 if value not in ("true", "false"):
                     raise QueryError(f"{fname}: want true or false", allowed)
+                if fname == "blocking" and spec.name == "operations":
+                    where.append(("" if value == "true" else "NOT ") + _BLOCKING + ")")
+                    continue
                 where.append(f"{f.column} = ?")
                 args.append(int(value == "true"))
             elif f.kind == "time_before":
@@ -1170,6 +1258,9 @@ class ConsoleView:
         item: dict[str, Any] = json.loads(row["record"])
         if table == "operations":
             item["owner"] = row["owner"]
+            # every attempt the view knows of (streams/console/attempts.py)
+            item["attempts"] = json.loads(row["attempts"]) if row.get("attempts") else []
+            item["blocking"] = any(a["blocks_retry"] for a in item["attempts"])
         elif table == "approvals":
             item["open"] = bool(row["open"])
             item["started_at"] = _iso(row["started_ms"])
@@ -1274,10 +1365,20 @@ class ConsoleView:
         ]
         return {"execution_id": execution_id, "items": items, "as_of": as_of}
 
+    def attempts(self, execution_id: str, operation_id: str) -> dict[int, OperationStatus]:
+        """The status of every attempt of one operation the view knows of
+        (``streams/console/attempts.py``), by attempt number."""
+        rows = self._reader().execute(
+            "SELECT attempt, status FROM attempts WHERE op_row_key = ?",
+            (scoped_key(execution_id, operation_id),),
+        )
+        return {n: OperationStatus(status) for n, status in rows}
+
     def summary(self) -> dict[str, Any]:
-        """Counts for a header: open approval waits per verdict, operations per status,
-        executions per status (in flight and terminal), open work items, firing alerts per
-        severity."""
+        """Counts for a header: open approval waits per verdict, operations per status (of
+        their latest attempt), attempts still blocking a retry per status and the operations
+        that have one, executions per status (in flight and terminal), open work items,
+        firing alerts per severity."""
         db = self._reader()
         db.execute("BEGIN")
         try:
@@ -1300,6 +1401,15 @@ class ConsoleView:
                 ).fetchone()[0],
                 "work_items_open": db.execute(
                     "SELECT count(*) FROM work_items WHERE open = 1"
+                ).fetchone()[0],
+                # every attempt still blocking a retry, by its status: attempt 1 UNKNOWN under
+                # a VERIFIED attempt 2 is one UNKNOWN here (operations_by_status counts the
+                # latest attempts), and the operations with at least one such attempt
+                "attempts_blocking_by_status": counts(
+                    "SELECT status, count(*) FROM attempts WHERE blocks_retry = 1 GROUP BY status"
+                ),
+                "operations_blocking": db.execute(
+                    "SELECT count(DISTINCT op_row_key) FROM attempts WHERE blocks_retry = 1"
                 ).fetchone()[0],
                 "alerts_firing_by_severity": counts(
                     "SELECT severity, count(*) FROM alerts WHERE firing = 1 GROUP BY severity"

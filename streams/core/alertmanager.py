@@ -10,8 +10,10 @@ the verdict it moved to, not the ones that fired).
 
 Alertmanager expires an alert at its ``endsAt``; a firing alert is therefore posted with an
 ``endsAt`` a validity ahead and posted again before that passes (see ``streams.alert_bridge``).
-Point-in-time kinds (FORBIDDEN_RETRY, ANOMALY) never get a RESOLVED record: they stay active for
-a fixed time after the bridge first saw them, then expire.
+Every alert ends when its RESOLVED record comes (docs/rules.md#alert-lifecycle), FORBIDDEN_RETRY
+and ANOMALY alerts too. Those two kinds had none before ``Alert.ends_with_resolved``: an alert of
+theirs written without that flag is never ended by vigil, so it stays active for a fixed time
+after the bridge first saw it, then expires.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from urllib.parse import quote
 from streams.contracts.models.enums import AlertKind
 from streams.contracts.models.outputs import Alert
 
-#: kinds no RESOLVED record ever closes
+#: kinds no RESOLVED record closed before ``Alert.ends_with_resolved``: one of these without
+#: that flag lapses instead (``firing``)
 POINT_IN_TIME: frozenset[AlertKind] = frozenset({AlertKind.FORBIDDEN_RETRY, AlertKind.ANOMALY})
 #: bounds that keep one alert's payload small whatever the evidence holds
 MAX_LABEL_CHARS = 512
@@ -109,8 +112,10 @@ def _iso(t: datetime) -> str:
 
 def firing(alert: Alert, *, console_url: str, seen_at: datetime, event_ttl: timedelta) -> Firing:
     """The Alertmanager form of a FIRING alert. ``seen_at`` is when the bridge first saw it:
-    the alert starts at its event time, or then if that is ahead; a point-in-time alert stays
-    active ``event_ttl`` past the later of the two."""
+    the alert starts at its event time, or then if that is ahead. An alert that vigil ends
+    (``ends_with_resolved``) stays active until its RESOLVED record; a FORBIDDEN_RETRY or
+    ANOMALY alert written before they were ended stays active ``event_ttl`` past the later of
+    the two, since nothing would end it."""
     link = console_link(console_url, alert.execution_id)
     what = alert.verdict or str(alert.kind)
     annotations = {
@@ -123,7 +128,8 @@ def firing(alert: Alert, *, console_url: str, seen_at: datetime, event_ttl: time
         "occurred_at": _iso(alert.occurred_at),
         "console": link,
     }
-    expires = max(seen_at, alert.occurred_at) + event_ttl if alert.kind in POINT_IN_TIME else None
+    lapses = alert.kind in POINT_IN_TIME and not alert.ends_with_resolved
+    expires = max(seen_at, alert.occurred_at) + event_ttl if lapses else None
     return Firing(
         alert_id=alert.alert_id,
         labels=tuple(alert_labels(alert).items()),

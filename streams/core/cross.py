@@ -13,7 +13,8 @@ executions):
   name the other attempt, on both sides of the conflict: a duplicate effect across executions
   is the first thing an operator must see;
 - ``blind_retry_alert``: the one FORBIDDEN_RETRY alert of a conflict, published by the
-  execution that made the later send, naming both executions.
+  execution that made the later send, naming both executions; ``ended_alerts``: its RESOLVED
+  alert, once both attempts are settled (docs/rules.md#alert-lifecycle).
 
 Pure: no Kafka, no clock.
 """
@@ -21,6 +22,7 @@ Pure: no Kafka, no clock.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from streams.contracts.models.base import replace
@@ -33,11 +35,15 @@ from streams.contracts.models.enums import (
 )
 from streams.contracts.models.outputs import Alert, OperationState, RetryLink
 from streams.core.claims import RETRY
+from streams.core.executions import from_ms
 from streams.core.ids import deterministic_id, scoped_key
 from streams.core.operations import (
     BLOCKS_RETRY,
     NEXT_STEP_FORBIDDEN,
+    SETTLED,
+    OperationBook,
     restriction,
+    retry_resolved_id,
     retry_verdict,
 )
 
@@ -56,6 +62,10 @@ class Other(NamedTuple):
     attempt: int
     status: OperationStatus
     at: int
+    #: on the side that made the later send: its FORBIDDEN_RETRY alert while it has not
+    #: ended, and the attempt of its own operation that sent (``ended_alerts``)
+    alert_id: str | None = None
+    own_attempt: int | None = None
 
 
 class Links(NamedTuple):
@@ -79,6 +89,7 @@ def apply_link(links: Links | None, link: RetryLink, at: int) -> tuple[Links, bo
     known = mine.get(link.conflict_id)
     if known is not None and known.at > at:
         return Links(links.ops, ids), True
+    alert = blind_retry_alert(link)
     other = Other(
         link.conflict_id,
         link.role,
@@ -87,6 +98,8 @@ def apply_link(links: Links | None, link: RetryLink, at: int) -> tuple[Links, bo
         link.other_attempt,
         link.other_status,
         at,
+        alert.alert_id if alert is not None else known.alert_id if known is not None else None,
+        link.attempt if alert is not None else known.own_attempt if known is not None else None,
     )
     return Links({**links.ops, link.operation_id: {**mine, link.conflict_id: other}}, ids), True
 
@@ -152,7 +165,69 @@ def blind_retry_alert(link: RetryLink) -> Alert | None:
             f"conflict={link.conflict_id}",
         ),
         occurred_at=link.occurred_at,
+        ends_with_resolved=True,
     )
+
+
+def ended_alerts(
+    links: Links | None, book: OperationBook | None, operation_ids: Iterable[str]
+) -> tuple[Links | None, list[Alert]]:
+    """The RESOLVED alerts that end the blind-retry alerts of these operations whose two
+    attempts are both settled now (docs/rules.md#alert-lifecycle), and the links without them.
+
+    The other attempt's status is as the links last told it, this execution's own from its
+    book; the RESOLVED alert is stamped with the later of the two settlings, so it is the same
+    record whichever the execution learns last. Both attempts carry the same connector and
+    idempotency key (that is what joined them), which makes them one effect even when both are
+    VERIFIED: the other side's effect reference is not told across executions. A conflict
+    whose own attempt the book does not hold (yet) waits."""
+    if links is None or book is None:
+        return links, []
+    out: list[Alert] = []
+    ops = links.ops
+    for op_id in sorted(set(operation_ids)):
+        conflicts = ops.get(op_id)
+        record = book.operations.get(op_id)
+        if not conflicts or record is None:
+            continue
+        for conflict_id, other in sorted(conflicts.items()):
+            own = record.attempts.get(other.own_attempt) if other.own_attempt else None
+            if other.alert_id is None or own is None:
+                continue
+            if own.status not in SETTLED or other.status not in SETTLED:
+                continue
+            at = max(own.since, other.at)
+            out.append(
+                Alert(
+                    alert_id=retry_resolved_id(other.alert_id),
+                    kind=AlertKind.FORBIDDEN_RETRY,
+                    status=AlertStatus.RESOLVED,
+                    severity=Severity.INFO,
+                    execution_id=book.execution_id,
+                    subject_id=op_id,
+                    verdict=own.status.value,
+                    owner=Owner.RUNTIME_OWNER,
+                    next_step=(
+                        f"none: both attempts are settled ({op_id}#{own.attempt} {own.status};"
+                        f" {other.operation_id}#{other.attempt} {other.status} of execution"
+                        f" {other.execution_id}), one effect under their idempotency key"
+                    ),
+                    evidence=(
+                        f"attempt={op_id}#{own.attempt}:{own.status}",
+                        f"execution={book.execution_id}",
+                        f"previous={other.operation_id}#{other.attempt}:{other.status}",
+                        f"previous_execution={other.execution_id}",
+                        f"conflict={conflict_id}",
+                    ),
+                    occurred_at=from_ms(at),
+                    resolves_alert_id=other.alert_id,
+                )
+            )
+            conflicts = {**conflicts, conflict_id: other._replace(alert_id=None, own_attempt=None)}
+            ops = {**ops, op_id: conflicts}
+    if not out:
+        return links, []
+    return Links(ops, links.ids), out
 
 
 # -- storage ------------------------------------------------------------------------------
@@ -160,10 +235,20 @@ _STATUS = {s.value: s for s in OperationStatus}
 
 
 def dump_links(links: Links) -> str:
+    """Per operation, each conflict's fields in order (the open alert and the own attempt
+    only while the alert is open), and the link ids."""
     return json.dumps(
         [
             {
-                op: [[*o[:5], o.status.value, o.at] for o in sorted(conflicts.values())]
+                op: [
+                    [
+                        *o[:5],
+                        o.status.value,
+                        o.at,
+                        *((o.alert_id, o.own_attempt) if o.alert_id else ()),
+                    ]
+                    for o in sorted(conflicts.values())
+                ]
                 for op, conflicts in sorted(links.ops.items())
             },
             list(links.ids),
@@ -178,7 +263,17 @@ def load_links(text: str) -> Links:
     return Links(
         {
             op: {
-                c[0]: Other(c[0], c[1], c[2], c[3], int(c[4]), _STATUS[c[5]], int(c[6]))
+                c[0]: Other(
+                    c[0],
+                    c[1],
+                    c[2],
+                    c[3],
+                    int(c[4]),
+                    _STATUS[c[5]],
+                    int(c[6]),
+                    c[7] if len(c) > 7 else None,
+                    c[8] if len(c) > 8 else None,
+                )
                 for c in conflicts
             }
             for op, conflicts in ops.items()

@@ -222,6 +222,11 @@ class AttemptRecord(NamedTuple):
     #: Applied event kinds and ids: a redelivery is a DUPLICATE, not a second transition.
     kinds: tuple[OperationEventKind, ...] = ()
     event_ids: tuple[str, ...] = ()
+    #: The FORBIDDEN_RETRY alert this attempt's send raised, while it has not ended, and the
+    #: attempts it named as (operation id, attempt): it ends once they and this one are
+    #: settled with no duplicate effect among them (``_ended_retry_alerts``).
+    retry_alert_id: str | None = None
+    retry_of: tuple[tuple[str, int], ...] = ()
 
     def armed_deadline(self) -> int | None:
         """The deadline still to fire: the reply while SENT, the verification while
@@ -545,12 +550,16 @@ def _blocking(
     return found
 
 
-def _forbidden_retry(book: OperationBook, event: OperationEvent, key: str | None) -> Alert | None:
+def _forbidden_retry(
+    book: OperationBook, event: OperationEvent, key: str | None
+) -> tuple[Alert | None, tuple[tuple[str, int], ...]]:
+    """The FORBIDDEN_RETRY alert of a send (None: it is not one), and the attempts it names
+    as (operation id, attempt): those the send would duplicate."""
     blocking = _blocking(book, event.operation_id, event.attempt, key)
     if not blocking:
-        return None
+        return None, ()
     refs = tuple(f"previous={op}#{rec.attempt}:{rec.status}" for op, rec in blocking)
-    return Alert(
+    alert = Alert(
         alert_id=deterministic_id(
             "alert",
             AlertKind.FORBIDDEN_RETRY,
@@ -573,7 +582,88 @@ def _forbidden_retry(book: OperationBook, event: OperationEvent, key: str | None
             f"event={event.event_id}",
         ),
         occurred_at=event.occurred_at,
+        ends_with_resolved=True,
     )
+    return alert, tuple((op, rec.attempt) for op, rec in blocking)
+
+
+def one_effect(a: AttemptRecord, b: AttemptRecord) -> bool:
+    """Whether two VERIFIED attempts are one effect (docs/rules.md#alert-lifecycle): they
+    carry the same idempotency key, which makes every send carrying it one effect
+    (docs/rules.md#shared-idempotency-key-evidence), and do not name two different effect
+    references. Without a shared key, two verified sends are two effects."""
+    key = a.idempotency_key
+    if key is None or key != b.idempotency_key:
+        return False
+    return not (a.effect_ref and b.effect_ref and a.effect_ref != b.effect_ref)
+
+
+def duplicate_effect(attempts: Iterable[AttemptRecord]) -> bool:
+    """Whether two of the attempts are VERIFIED and not one effect (``one_effect``): a
+    duplicate effect happened."""
+    verified = [a for a in attempts if a.status is S.VERIFIED]
+    return any(not one_effect(a, b) for i, a in enumerate(verified) for b in verified[i + 1 :])
+
+
+def retry_resolved_id(fired_id: str) -> str:
+    """The id of the RESOLVED alert that ends the FORBIDDEN_RETRY alert ``fired_id``: one
+    per alert, since an alert ends once."""
+    return deterministic_id("alert-resolved", AlertKind.FORBIDDEN_RETRY, fired_id)
+
+
+def _ended_retry_alerts(
+    book: OperationBook, event: OperationEvent
+) -> tuple[OperationBook, list[Alert]]:
+    """The FORBIDDEN_RETRY alerts of the book that ``event`` (a settling) ends, as RESOLVED
+    alerts stamped with its time, and the book without them (docs/rules.md#alert-lifecycle):
+    an alert ends when the send that raised it and every attempt it named are settled
+    (VERIFIED, FAILED, CANCELLED), with no duplicate effect among them. The duplicate-effect
+    risk it raised is then decided: nothing it names can take effect any more, and a new send
+    is judged by the operation's retry verdict like any other. Two effects confirmed
+    (``duplicate_effect``) do not end it: the duplicate is in the world, and nothing vigil
+    reads says it was made good. In the order of operation id and attempt."""
+    out: list[Alert] = []
+    for op_id in sorted(book.operations):
+        for _, rec in sorted(book.operations[op_id].attempts.items()):
+            fired = rec.retry_alert_id
+            if fired is None or rec.status not in SETTLED:
+                continue
+            named: list[tuple[str, AttemptRecord]] = [(op_id, rec)]
+            for other_op, number in rec.retry_of:
+                other = book.operations.get(other_op)
+                attempt = other.attempts.get(number) if other is not None else None
+                if attempt is not None:
+                    named.append((other_op, attempt))
+            if any(a.status not in SETTLED for _, a in named) or duplicate_effect(
+                a for _, a in named
+            ):
+                continue
+            outcome = ", ".join(f"{o}#{a.attempt} {a.status}" for o, a in named)
+            out.append(
+                Alert(
+                    alert_id=retry_resolved_id(fired),
+                    kind=AlertKind.FORBIDDEN_RETRY,
+                    status=AlertStatus.RESOLVED,
+                    severity=Severity.INFO,
+                    execution_id=book.execution_id,
+                    subject_id=op_id,
+                    verdict=rec.status.value,
+                    owner=Owner.RUNTIME_OWNER,
+                    next_step=(
+                        f"none: every attempt it named is settled ({outcome}), with at most one "
+                        "effect; a new send is judged by the operation's retry verdict"
+                    ),
+                    evidence=(
+                        f"attempt={op_id}#{rec.attempt}:{rec.status}",
+                        *(f"previous={o}#{a.attempt}:{a.status}" for o, a in named[1:]),
+                        f"event={event.event_id}",
+                    ),
+                    occurred_at=event.occurred_at,
+                    resolves_alert_id=fired,
+                )
+            )
+            book = _put(book, op_id, rec._replace(retry_alert_id=None, retry_of=()))
+    return book, out
 
 
 def _settle(
@@ -751,12 +841,16 @@ def apply_event(
             old.alert_id,
             (*old.kinds, event.kind),
             (*old.event_ids, event.event_id),
+            old.retry_alert_id,
+            old.retry_of,
         )
 
     settled: list[Record] = []
     alert = None
     if rec.sent and not (old is not None and old.sent):
-        alert = _forbidden_retry(book, event, rec.idempotency_key)
+        alert, named = _forbidden_retry(book, event, rec.idempotency_key)
+        if alert is not None:
+            rec = rec._replace(retry_alert_id=alert.alert_id, retry_of=named)
     if status in SETTLED:
         settled = _settle(book, event.operation_id, rec, event)
         rec = rec._replace(work_item_id=None, work_item_kind=None, alert_id=None)
@@ -777,6 +871,10 @@ def apply_event(
             outputs.extend(records)
     if alert is not None:
         outputs.append(alert)
+    if status in SETTLED:
+        # only a settling can end a FORBIDDEN_RETRY alert (every attempt it names settled)
+        book, ended = _ended_retry_alerts(book, event)
+        outputs.extend(ended)
     return OperationStep(book, tuple(outputs), ())
 
 
@@ -858,6 +956,7 @@ def _fire(
                 "occurred_at": at,
                 "resolves_alert_id": None,
                 "traceparent": None,
+                "ends_with_resolved": True,
             },
         )
     )
@@ -919,16 +1018,25 @@ _WORK: dict[str, WorkItemKind] = {x.value: x for x in WorkItemKind}
 
 def dump_book(book: OperationBook) -> str:
     """The stored text of a book (format 2): a JSON array of the execution id, each
-    operation as its id and attempts (each attempt's fields in order, times in epoch ms), and
-    the idempotency-key index. ``open_ids`` and ``due`` are not stored: they follow from the
+    operation as its id and attempts (each attempt's fields in order, times in epoch ms; the
+    open FORBIDDEN_RETRY alert and the attempts it names only when there is one), and the
+    idempotency-key index. ``open_ids`` and ``due`` are not stored: they follow from the
     operations."""
     return _dumps(
         (
             book.execution_id,
-            [(op_id, list(op.attempts.values())) for op_id, op in book.operations.items()],
+            [
+                (op_id, [a if a.retry_alert_id else a[:_STORED] for a in op.attempts.values()])
+                for op_id, op in book.operations.items()
+            ],
             book.by_idempotency_key,
         )
     )
+
+
+#: An attempt's fields stored when it has no open FORBIDDEN_RETRY alert (the last two are
+#: then their defaults, and left out: a book written so reads alike before and after them).
+_STORED = 15
 
 
 def load_book(text: str | bytes) -> OperationBook:
@@ -958,6 +1066,8 @@ def load_book(text: str | bytes) -> OperationBook:
                 a[12],
                 tuple(_KIND[k] for k in a[13]),
                 tuple(a[14]),
+                a[15] if len(a) > _STORED else None,
+                tuple((o, n) for o, n in a[16]) if len(a) > _STORED + 1 else (),
             )
             records[rec.attempt] = rec
         ops[op_id] = OperationRecord(op_id, records)
@@ -987,6 +1097,9 @@ class _StoredAttempt(_Stored):
     alert_id: str | None = None
     kinds: tuple[OperationEventKind, ...] = ()
     event_ids: tuple[str, ...] = ()
+    #: never written in format 1; read so that any book converts to it and back
+    retry_alert_id: str | None = None
+    retry_of: tuple[tuple[str, int], ...] = ()
 
 
 class _StoredOperation(_Stored):

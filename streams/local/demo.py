@@ -4,14 +4,17 @@ It starts (unless a cluster is configured) the local broker and registry, create
 of topics, starts a worker process, and plays the scenario — the reference audit of six
 approval requests, an SMS whose connector never answers and is later reconciled, a refund
 retried while its first attempt is unanswered, and an ordinary execution to completion —
-with the scenario's own clock ticks, paced so the outputs arrive as they would live. The
-scenario is moved in time so that it ends now. It also starts ``vigil console`` on the same
+with the scenario's own clock ticks, paced so the outputs arrive as they would live, each
+line of the feed in the order the outputs took effect (``Feed``). The scenario is moved in time
+so that it ends now. It also starts ``vigil console`` on the same
 topics; once the scenario is played and the console has caught up, the demo prints the
 console's address and keeps worker, console and a wall-clock ticker running (time goes on, and
 a review made on the page is applied within a second) until Ctrl-C, which stops everything it
-started (``--no-serve``: stop at once instead). ``vigil reconcile`` runs too, against a bundled
-payments provider (``streams/local/provider.py``) that holds the refund the scenario leaves
-UNKNOWN: the demo shows it settled VERIFIED by the reconciler, with no person involved.
+started (``--no-serve``: stop at once instead). ``vigil reconcile`` runs too, once the scenario
+is played (its facts carry the wall clock's time, which would make the rest of the scenario
+late), against a bundled payments provider (``streams/local/provider.py``) that holds the
+refund the scenario leaves UNKNOWN: the demo shows it settled VERIFIED by the reconciler,
+with no person involved.
 
 ``--agent FRAMEWORK`` plays, instead of the scenario, a real agent of that framework (scripted
 and offline, ``streams.local.agents``) recording through its vigil adapter, so the verdicts
@@ -68,13 +71,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def describe(
-    record: Record, work_items: Mapping[str, ReconciliationWorkItem] | None = None
+    record: Record,
+    work_items: Mapping[str, ReconciliationWorkItem] | None = None,
+    alerts: Mapping[str, Alert] | None = None,
 ) -> tuple[str, str, str, str] | None:
     """(time, what, subject, detail) for a terminal line; None for records not shown live.
 
     ``work_items`` (the work items seen so far, by id) lets a resolution name what it ends:
     the attempt's UNKNOWN (a reply timeout) or overdue verification, not only the outcome
-    that settled it."""
+    that settled it; ``alerts`` (the FIRING alerts seen so far, by id) lets a RESOLVED alert
+    name the alert it ends (its kind, the verdict that fired it, when), then what it moved to
+    and why."""
     match record:
         case ApprovalVerdict():
             detail = f"{record.verdict} → {record.owner}: {record.next_step}"
@@ -99,6 +106,19 @@ def describe(
                 record.operation_id,
                 f"ends attempt {record.attempt}'s {ended}: settled {record.outcome} "
                 f"by {record.evidence_source}",
+            )
+        case Alert() if record.status == "RESOLVED":
+            fired = (alerts or {}).get(record.resolves_alert_id or "")
+            ended = (
+                f"{fired.severity} {fired.kind} {fired.verdict or ''} fired {_t(fired.occurred_at)}"
+                if fired is not None
+                else f"{record.kind} alert {record.resolves_alert_id}"
+            )
+            return (
+                _t(record.occurred_at),
+                "alert resolved",
+                record.subject_id,
+                f"ends the {ended} → {record.verdict or '-'}: {record.next_step}",
             )
         case Alert():
             return (
@@ -134,6 +154,55 @@ def describe(
 
 def _t(value: datetime) -> str:
     return value.strftime("%H:%M:%S")
+
+
+class Feed:
+    """The live feed: records taken as they are read, lines given back in event-time order.
+
+    The outputs are read from several topics and partitions at once, so they come out of
+    time order (an operation's state after a later execution state, a work item after the
+    state its deadline made). ``add`` keeps each new record (once: a record read again is
+    skipped) and ``lines`` gives the lines of those added since, sorted by the time each took
+    effect (then in the order read): the demo calls it after each read of the topics, once
+    nothing new came for a moment. Work items and FIRING alerts are remembered, so a
+    resolution says what it ends even when both came in one read."""
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+        self.work_items: dict[str, ReconciliationWorkItem] = {}
+        self.alerts: dict[str, Alert] = {}
+        self.pending: list[Record] = []
+
+    def add(self, record: Record) -> bool:
+        """Keep ``record`` for the next ``lines``; False if it was added before."""
+        key = record.model_dump_json()
+        if key in self.ids:
+            return False
+        self.ids.add(key)
+        if isinstance(record, ReconciliationWorkItem):
+            self.work_items[record.work_item_id] = record
+        elif isinstance(record, Alert) and record.status == "FIRING":
+            self.alerts[record.alert_id] = record
+        self.pending.append(record)
+        return True
+
+    def lines(self) -> list[tuple[str, str, str, str]]:
+        """The lines of the records added since the last call, in event-time order."""
+        pending, self.pending = self.pending, []
+        ordered = sorted(enumerate(pending), key=lambda p: (_when(p[1]), p[0]))
+        out = []
+        for _, record in ordered:
+            line = describe(record, self.work_items, self.alerts)
+            if line is not None:
+                out.append(line)
+        return out
+
+
+def _when(record: Record) -> datetime:
+    """When a record took effect (its Kafka timestamp's field); a dead letter that has none
+    goes first."""
+    value = getattr(record, record.time_field, None) if record.time_field else None
+    return value if isinstance(value, datetime) else datetime.min.replace(tzinfo=UTC)
 
 
 #: what the attempt of a work item of each kind was until its resolution
@@ -220,7 +289,8 @@ def run_demo(
     write_token = secrets.token_urlsafe(16)
     ui_port = _free_port()
     ui = _start_console(settings, workdir, ui_port, write_token)
-    provider, reconciler = _start_reconciler(settings, workdir)
+    provider: Provider | None = None
+    reconciler: subprocess.Popen[bytes] | None = None
     # the scenario moved so that it ends now: then wall-clock ticks carry its time on
     delta = datetime.now(UTC).replace(microsecond=0) - (REFERENCE_AT + timedelta(seconds=1))
     steps = shifted(demo_scenario(), delta)
@@ -258,6 +328,11 @@ def run_demo(
             producer.flush()
         if agent is None:
             _wait_quiet(seen, console)
+            # Only now: the reconciler's facts are stamped with the wall clock, and one written
+            # while the (earlier) scenario still plays would make every later scenario event
+            # of its partition late (docs/rules.md#time), applied at the reconciler's time and
+            # shown out of order.
+            provider, reconciler = _start_reconciler(settings, workdir)
             _wait_reconciled(seen, producer, topics, console)
             _summary(seen, console, REFERENCE_AT + delta)
         url = f"http://127.0.0.1:{ui_port}/"
@@ -289,8 +364,10 @@ def run_demo(
     finally:
         stop.set()
         _stop(ui)
-        _stop(reconciler)
-        provider.stop()
+        if reconciler is not None:
+            _stop(reconciler)
+        if provider is not None:
+            provider.stop()
         _stop(worker)
         if reader.is_alive():
             reader.join(10)
@@ -506,22 +583,13 @@ def _show(
     seen: list[Record],
 ) -> None:
     names = [t.name for t in topics.outputs()]
-    ids: set[str] = set()
-    work_items: dict[str, ReconciliationWorkItem] = {}
+    feed = Feed()
     while not stop.is_set():
         for r in consume(settings, codec, names, from_beginning=True, idle_timeout=0.5):
-            if r.record is None:
-                continue
-            key = r.record.model_dump_json()
-            if key in ids:
-                continue
-            ids.add(key)
-            seen.append(r.record)
-            if isinstance(r.record, ReconciliationWorkItem):
-                work_items[r.record.work_item_id] = r.record
-            line = describe(r.record, work_items)
-            if line:
-                console.print(feed_line(line), highlight=False)
+            if r.record is not None and feed.add(r.record):
+                seen.append(r.record)
+        for line in feed.lines():  # each read's new lines in event-time order
+            console.print(feed_line(line), highlight=False)
         time.sleep(0.2)
 
 

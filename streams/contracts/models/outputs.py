@@ -199,6 +199,9 @@ class Alert(Record):
     occurred_at: Millis
     resolves_alert_id: str | None = None
     traceparent: str | None = None
+    #: a RESOLVED alert naming this one ends it (docs/rules.md#alert-lifecycle); false on
+    #: alerts written before FORBIDDEN_RETRY and ANOMALY alerts were ended
+    ends_with_resolved: bool = False
 
 
 class Anomaly(Record):
