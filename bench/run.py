@@ -11,7 +11,8 @@ process per core, end to end), latency (fixed offered load, live
 ticker, deadline lags), memory (RSS per in-flight execution, memory:// and rocksdb://),
 profile (py-spy on a worker under load, pyinstrument around Processor.handle), floor (one
 worker whose core is replaced by a lookup of the pure Processor's outputs: the shell alone;
-not in the default set).
+not in the default set), peer (vigil's worker and a plain Quix Streams app, ``bench/peer``, on
+the operations-only log, alternating rounds; not in the default set).
 """
 
 from __future__ import annotations
@@ -34,7 +35,19 @@ from bench import harness as h
 from bench import sections as sec
 from streams.settings import Settings
 
-ALL = ("throughput", "throughput2", "ceiling", "replay", "latency", "memory", "profile", "floor")
+ALL = (
+    "throughput",
+    "throughput2",
+    "ceiling",
+    "replay",
+    "latency",
+    "memory",
+    "profile",
+    "floor",
+    "peer",
+)
+#: Sections run only when named.
+ON_REQUEST = ("floor", "peer")
 
 console = Console()
 
@@ -84,9 +97,25 @@ def main(argv: list[str] | None = None) -> int:
         help="executions of the workload for the floor section (its outputs are held in memory)",
     )
     ap.add_argument(
+        "--peer-executions",
+        type=int,
+        default=20_000,
+        help="executions of the mix whose OperationEvents make the peer section's log",
+    )
+    ap.add_argument("--peer-rounds", type=int, default=3, help="rounds of the peer section")
+    ap.add_argument(
+        "--peer-against",
+        type=Path,
+        default=None,
+        help=(
+            "a checkout of another commit with the same schemas (its worker runs on this "
+            "harness's deployment): the peer section runs its worker too, on the same log"
+        ),
+    )
+    ap.add_argument(
         "--sections",
-        default=",".join(s for s in ALL if s != "floor"),
-        help=f"any of {', '.join(ALL)} (floor only when named)",
+        default=",".join(s for s in ALL if s not in ON_REQUEST),
+        help=f"any of {', '.join(ALL)} ({' and '.join(ON_REQUEST)} only when named)",
     )
     ap.add_argument("--out", type=Path, default=Path("bench/results.json"))
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/vigil-bench"))
@@ -219,6 +248,14 @@ def main(argv: list[str] | None = None) -> int:
                 s[name] = {"run": r}
                 if prof is not None:
                     s[name].update(py_spy=sec.collapsed_top(prof), collapsed_stacks=str(prof))
+        if "peer" in wanted:
+            from bench import peer
+
+            n = args.peer_executions
+            log(f"[bold]peer[/bold]: vigil and a Quix Streams app, operations only ({n:,} execs)")
+            s["peer"] = peer.section(
+                base, args.workdir, n, args.peer_rounds, log, args.peer_against
+            )
     finally:
         results["elapsed_s"] = time.time() - t_all
         if args.merge and args.out.exists():
@@ -296,6 +333,16 @@ def summary(results: dict[str, Any], tick: str) -> dict[str, Any]:
         if key in s:
             out[f"{key}_events_per_s"] = s[key]["run"]["events_per_s"]
             out[f"{key}_cpu_us_per_record"] = s[key]["run"]["cpu_us_per_record"]
+    pr = s.get("peer")
+    if pr and "median" in pr:
+        m = pr["median"]
+        out["peer_vigil_events_per_s"] = m["vigil"]["events_per_s"]
+        out["peer_peer_events_per_s"] = m["peer"]["events_per_s"]
+        out["peer_vigil_over_peer"] = m["vigil_over_peer"]
+        out["peer_vigil_cpu_us_per_event"] = m["vigil"]["cpu_us_per_event"]
+        out["peer_peer_cpu_us_per_event"] = m["peer"]["cpu_us_per_event"]
+        if "against" in m:
+            out["peer_against_events_per_s"] = m["against"]["events_per_s"]
     r = s.get("replay_cli")
     if r and t1:
         out["replay_events_per_s"] = r["events_per_s"]
@@ -425,6 +472,29 @@ def show(results: dict[str, Any]) -> None:
         "{:,.0f}",
     )
     row("replay / live", sm.get("replay_over_live"), 2.0, "{:.2f}")
+    row(
+        "ops-only log: vigil, events/s (median)", sm.get("peer_vigil_events_per_s"), None, "{:,.0f}"
+    )
+    row("ops-only log: peer, events/s (median)", sm.get("peer_peer_events_per_s"), None, "{:,.0f}")
+    row("ops-only log: vigil ÷ peer (median)", sm.get("peer_vigil_over_peer"), 1.0, "{:.2f}")
+    row(
+        "ops-only log: vigil, CPU-µs per event",
+        sm.get("peer_vigil_cpu_us_per_event"),
+        None,
+        "{:,.1f}",
+    )
+    row(
+        "ops-only log: peer, CPU-µs per event",
+        sm.get("peer_peer_cpu_us_per_event"),
+        None,
+        "{:,.1f}",
+    )
+    row(
+        "ops-only log: --peer-against worker, events/s",
+        sm.get("peer_against_events_per_s"),
+        None,
+        "{:,.0f}",
+    )
     console.print(t)
 
 
