@@ -9,6 +9,8 @@ work item open. An anomaly alert with a long token in its evidence is added.
 Each test is one item of issue 29: resolved things shown as resolved (3), the alerts and
 anomalies view with severity everywhere (5), 400 px wide and evidence that does not repeat the
 failed proofs (8), and a review action on every open attempt and work item (1).
+test_console_lifecycle_browser.py covers ages from now (2), ended FORBIDDEN_RETRY and ANOMALY
+alerts (4) and an execution known only by its approval (6);
 test_console_fleet_browser.py is the same page at 100,000 executions (7);
 test_console_browser.py the page against the real broker and worker.
 """

@@ -820,14 +820,53 @@ class Worker:
             end = ends.get(tp)
             if want is not None and end is not None and end > want:
                 log.warning(
-                    "%s[%s]: records %s..%s wait on the log, none came; seeking back",
+                    "%s[%s]: records %s..%s wait on the log, none came; seeking back (%s)",
                     tp.topic,
                     tp.partition,
                     want,
                     end - 1,
+                    consumer_state(self.app, tp),
                 )
                 if await self.seek(tp, want, generation):
                     guard.seeks += 1
+
+
+def consumer_state(app: Any, tp: Any) -> str:
+    """What Faust and aiokafka say of a partition that gets no records: the watchdog's
+    warning carries it, for a stall that seeking back does not end."""
+    consumer = app.consumer
+    parts = [
+        f"flow_active={getattr(consumer, 'flow_active', '?')}",
+        f"faust_paused={tp in getattr(consumer, '_paused_partitions', ())}",
+        f"faust_active={tp in (getattr(consumer, '_active_partitions', None) or ())}",
+        f"buffered={tp in getattr(consumer, '_buffered_partitions', ())}",
+        f"read_offset={getattr(consumer, '_read_offset', {}).get(tp)}",
+        f"in_recovery={getattr(app, 'in_recovery', '?')}",
+        f"rebalancing={getattr(app, 'rebalancing', '?')}",
+    ]
+    try:
+        recovery = app.tables.recovery
+        parts.append(f"recovery_completed={recovery.completed.is_set()}")
+        parts.append(f"recovery_remaining={recovery.active_remaining_total()}")
+    except Exception as exc:
+        parts.append(f"recovery=?({exc!r})")
+    thread = getattr(consumer, "_thread", None)
+    kafka_consumer = getattr(thread, "_consumer", None)
+    subscription = getattr(kafka_consumer, "_subscription", None)
+    try:
+        state = subscription.subscription.assignment.state_value(tp)
+        parts.append(
+            f"aiokafka_paused={state.paused} has_position={state.has_valid_position} "
+            f"position={state._position if state.has_valid_position else None} "
+            f"awaiting_reset={state.awaiting_reset}"
+        )
+    except Exception as exc:
+        parts.append(f"aiokafka=?({exc!r})")
+    fetcher = getattr(kafka_consumer, "_fetcher", None)
+    records = getattr(fetcher, "_records", None)
+    if records is not None:
+        parts.append(f"prefetched={tp in records}")
+    return " ".join(parts)
 
 
 def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:

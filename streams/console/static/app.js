@@ -1051,10 +1051,16 @@ function renderExecution(main) {
   if (ex.error) { main.append(el("p", { class: "empty" }, ex.error)); return; }
   const d = ex.detail || {};
   const row = d.execution || {};
-  main.append(el("p", { id: "execution-status" },
+  // Known only by what is open in it (an approval, an attempt): in flight, its status unknown,
+  // never shown as closed.
+  const openThere = (d.approvals || []).some((a) => a.open) ||
+    (d.operations || []).some((o) => !SETTLED.includes(o.status)) ||
+    (d.work_items || []).some((w) => w.open);
+  const inFlight = row.status ? !row.terminal : openThere;
+  main.append(el("p", { id: "execution-status", "data-in-flight": String(inFlight) },
     row.status ? badge(row.status, row.terminal ? "ok" : "") : badge("status unknown"),
     row.since ? ` since ${fmtTime(row.since)} · last event ${fmtTime(row.last_event_at)}` : " (no status event seen)",
-    row.terminal ? " · terminal" : ""));
+    row.terminal ? " · terminal" : (inFlight ? " · in flight" : "")));
   const review = (t) => (t ? reviewButton(t) : null);
   main.append(el("h3", {}, "Operations"), table("execution-operations", [
     ["operation_id", "operation"], ["attempt", "attempt"], ["connector", "connector"],
