@@ -197,7 +197,11 @@ def drained(
         logs = [proc.log_path.read_text(errors="replace") for proc in procs]  # type: ignore[attr-defined]
         alive = all(proc.poll() is None for proc in procs)
         if alive and any(text.count("none came; seeking back") >= 5 for text in logs):
-            pytest.xfail(f"known stall of a restarted worker's fetches: {str(exc)[:300]}")
+            seen = [line for text in logs for line in text.splitlines() if "none came" in line]
+            pytest.xfail(
+                f"known stall of a restarted worker's fetches: {str(exc)[:300]}; "
+                f"the watchdog's last word: {seen[-1][-600:] if seen else '-'}"
+            )
         raise
 
 
