@@ -1051,7 +1051,8 @@ function renderExecution(main) {
   if (ex.error) { main.append(el("p", { class: "empty" }, ex.error)); return; }
   const d = ex.detail || {};
   const row = d.execution || {};
-  // Known only by what is open in it (an approval, an attempt): in flight, its status unknown,
+  // Known only by what is open in it (an approval, an attempt, a work item): in flight, its
+  // status unknown,
   // never shown as closed.
   const openThere = (d.approvals || []).some((a) => a.open) ||
     (d.operations || []).some((o) => !SETTLED.includes(o.status)) ||
