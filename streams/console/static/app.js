@@ -1052,8 +1052,7 @@ function renderExecution(main) {
   const d = ex.detail || {};
   const row = d.execution || {};
   // Known only by what is open in it (an approval, an attempt, a work item): in flight, its
-  // status unknown,
-  // never shown as closed.
+  // status unknown, never shown as closed.
   const openThere = (d.approvals || []).some((a) => a.open) ||
     (d.operations || []).some((o) => !SETTLED.includes(o.status)) ||
     (d.work_items || []).some((w) => w.open);
