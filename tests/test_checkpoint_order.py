@@ -53,7 +53,7 @@ class Outputs:
     def __init__(self, broker: list[str]) -> None:
         self.broker = broker
 
-    def send_emission(self, em: Any) -> bytes:
+    def send_emission(self, em: Any, value: bytes | None = None) -> bytes:
         self.broker.append(f"output:{type(em.record).__name__}")
         return b""
 

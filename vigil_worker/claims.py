@@ -1,29 +1,35 @@
 """The claims join: blind retries across executions, a thin shell over ``streams.core.claims``.
 
-A Faust agent on ``<p>.idempotency-claims`` (keyed by connector and idempotency key, so every
-attempt of every execution under one key meets in one partition), with its table
-``idempotency-claims`` co-partitioned with it (Faust writes a table's changelog to the partition
-of the event being processed):
+A stage beside the pipeline, reading ``<p>.idempotency-claims`` (keyed by connector and
+idempotency key, so every attempt of every execution under one key meets in one partition)
+in batches, handed over by the worker's batch drain (``vigil_worker/drain.py``), with its
+table ``idempotency-claims`` co-partitioned with it:
 
 - per (connector, key), the key's book (``KeyBook``, JSON text);
 - per claims partition, under ``WATERMARKS_KEY + partition``, how far each input partition's
   claims are complete and which keys wait for the watermark (``Watermarks``, JSON text).
 
-For each record it calls the pure core and publishes what it found, the ``RetryLink`` records
-keyed by execution id on ``<p>.retry-links``, which the pipeline applies to each execution's
-aggregate (``Processor._on_link``). At-least-once: the links are delivered before the table is
-written, and the offset is committed by Faust after both. A record Kafka delivers again finds
-its claim in the book already (nothing new) or decides the same links again (same ids; the
-receiving execution keeps what it has applied by id).
+Per batch it calls the pure core for each record in order, on the books and watermarks as the
+records before it left them (read from the table once, kept decoded for the batch), publishes
+what it found (the ``RetryLink`` records keyed by execution id on ``<p>.retry-links``, which
+the pipeline applies to each execution's aggregate, ``Processor._on_link``), then writes each
+changed book and watermark once. At-least-once: the links are delivered before the table is
+written, the records acknowledged (their offsets committed by Faust) after both. A record
+Kafka delivers again finds its claim in the book already (nothing new) or decides the same
+links again (same ids; the receiving execution keeps what it has applied by id). Why batches:
+one record at a time, with a changelog round trip each, the join fell minutes behind the
+claims of a busy pipeline, and a blind retry across executions was told that late.
 
-A record that cannot be decoded is dead-lettered; while the registry cannot be asked the agent
-waits and retries, like the pipeline.
+A record that cannot be decoded is dead-lettered; while the registry cannot be asked the stage
+waits and retries, like the pipeline. A batch that fails is forgotten and read again (sought
+back); a rebalance drops the batch under way (its records come again to their owner).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -53,18 +59,26 @@ class ClaimsStage:
     """The agent, its table and its producer (see the module docstring)."""
 
     def __init__(
-        self, app: faust.App, settings: Settings, codec: AvroCodec, grace: timedelta
+        self,
+        app: faust.App,
+        settings: Settings,
+        codec: AvroCodec,
+        grace: timedelta,
+        generation: Callable[[], int] = lambda: 0,
     ) -> None:
         topics = Topics.from_settings(settings)
         self.codec = codec
         self.partitions = settings.partitions
         self.grace_ms = grace // timedelta(milliseconds=1)
         spec = topics.idempotency_claims
+        self.topic = spec.name
         self.allowed = {spec.name: spec.value_types}
         self.links_topic = topics.retry_links.name
+        #: the worker's rebalance generation: a batch fetched in an older one is dropped
+        self.generation = generation
         # Keys JSON strings, values the UTF-8 bytes of the JSON texts, raw on the changelog.
         # Written like the pipeline's tables (``vigil_worker/changelog.py``): the changelog records
-        # of one input sent and waited for, the store taking them once the broker has them.
+        # of one batch sent and waited for, the store taking them once the broker has them.
         self.table = DirectTable(
             app.Table(
                 "idempotency-claims",
@@ -83,9 +97,11 @@ class ClaimsStage:
             )
         )
         self.app = app
+        # subscribed by the worker's consumer; its records come from the batch drain
         self.source = app.topic(
             spec.name, schema=faust.Schema(key_serializer="raw", value_serializer="raw")
         )
+        app.topics.add(self.source)
         self.producer = RecordProducer(settings, codec, acks="all")
         self.emitter = Emitter(
             topics,
@@ -98,26 +114,86 @@ class ClaimsStage:
         self.links = 0
         self.late = 0
         self.dead_letters = 0
+        self.batches = 0
+        #: the batch under way: books and watermarks as its records left them, and the
+        #: partition of each that changed (``_begin``)
+        self._books: dict[str, cl.KeyBook | None] = {}
+        self._marks: dict[int, cl.Watermarks] = {}
+        self._changed: dict[str, int] = {}
 
-        @app.agent(self.source, name="vigil-claims")
-        async def claims(stream: Any) -> None:
-            async for event in stream.events():
-                await self.handle(event.message)
+    def run_on(self, batches: Callable[[], AsyncIterator[tuple[int, list[Any]]]]) -> None:
+        """The stage's task on the app: every batch of ``batches()`` handled, none raising
+        out of it (a failed batch is logged, forgotten and read again)."""
 
-    # -- one record -----------------------------------------------------------------------
-    async def handle(self, msg: Any) -> None:
-        env = await self._open(msg)
-        if not env.ok:
-            self.dead_letters += 1
-            await self._deliver([self.emitter.dead_letter(env)])
-            return
-        record = env.record
-        with self.table.writing_to(env.partition):
+        @self.app.task
+        async def claims_join() -> None:
+            async for generation, batch in batches():
+                try:
+                    await self.handle_batch(generation, batch)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("claims: a batch of %s records failed; read again", len(batch))
+                    self.table.discard()
+                    await self._read_again(generation, batch)
+
+    # -- one batch ------------------------------------------------------------------------
+    async def handle_batch(self, generation: int, batch: list[Any]) -> bool:
+        """The batch's records in order through the core, then its links delivered, its
+        table writes sent, its records acknowledged. False if a rebalance dropped it."""
+        if generation != self.generation():
+            return False
+        self._books, self._marks, self._changed = {}, {}, {}
+        out: list[Emission] = []
+        for msg in batch:
+            env = await self._open(msg)
+            if not env.ok:
+                self.dead_letters += 1
+                out.append(self.emitter.dead_letter(env))
+                continue
+            record = env.record
             if type(record) is IdempotencyClaim:
-                await self._on_claim(env.partition, record)
+                out.extend(self._on_claim(env.partition, record))
             elif type(record) is ClaimsProgress:
-                await self._on_progress(env.partition, record)
+                out.extend(self._on_progress(env.partition, record))
+        if generation != self.generation():
+            return False
+        await self._deliver(out)
+        if generation != self.generation():
+            return False
+        for key, partition in self._changed.items():
+            with self.table.writing_to(partition):
+                if key.startswith(WATERMARKS_KEY):
+                    self.table[key] = cl.dump_watermarks(self._marks[partition]).encode()
+                else:
+                    book = self._books[key]
+                    assert book is not None
+                    self.table[key] = cl.dump_book(book).encode()
+        self._books, self._marks, self._changed = {}, {}, {}
         await self.table.send(self.app.producer)
+        if generation != self.generation():
+            return False
+        consumer = self.app.consumer
+        for msg in batch:
+            consumer.ack(msg)
+        self.batches += 1
+        return True
+
+    async def _read_again(self, generation: int, batch: list[Any]) -> None:
+        """A failed batch's partitions sought back to its first record of each (records
+        after it in the drain's queue are read again too: the join ignores what it has)."""
+        from vigil_worker.pipeline import seek_in_consumer_thread
+
+        firsts: dict[Any, int] = {}
+        for msg in batch:
+            firsts.setdefault(msg.tp, msg.offset)
+        await asyncio.sleep(1.0)
+        for tp, offset in firsts.items():
+            if generation != self.generation():
+                return
+            await seek_in_consumer_thread(
+                self.app.consumer, tp, offset, lambda: generation == self.generation()
+            )
 
     async def _open(self, msg: Any) -> Envelope:
         """The record decoded; while the registry cannot be asked, wait and try again (the
@@ -141,11 +217,12 @@ class ClaimsStage:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 30.0)
 
-    async def _on_claim(self, partition: int, record: IdempotencyClaim) -> None:
+    def _on_claim(self, partition: int, record: IdempotencyClaim) -> list[Emission]:
         claim = cl.claim_of(record)
         key = cl.claims_key(claim.connector, claim.key)
-        marks = self._marks(partition)
-        new_marks, book, findings = cl.receive_claim(marks, self._book(key), claim, self.grace_ms)
+        marks = self._marks_of(partition)
+        before = self._book(key)
+        new_marks, book, findings = cl.receive_claim(marks, before, claim, self.grace_ms)
         for f in findings:
             if isinstance(f, cl.Late):
                 self.late += 1
@@ -154,13 +231,15 @@ class ClaimsStage:
                     record.claim_id,
                     f.watermark,
                 )
-        await self._deliver(self._emissions(cl.links_of(findings)))
-        self.table[key] = cl.dump_book(book).encode()
+        if book is not before:  # (a claim repeated is no change)
+            self._books[key] = book
+            self._changed[key] = partition
         if new_marks is not marks:
-            self.table[WATERMARKS_KEY + str(partition)] = cl.dump_watermarks(new_marks).encode()
+            self._set_marks(partition, new_marks)
+        return self._emissions(cl.links_of(findings))
 
-    async def _on_progress(self, partition: int, record: ClaimsProgress) -> None:
-        marks = self._marks(partition)
+    def _on_progress(self, partition: int, record: ClaimsProgress) -> list[Emission]:
+        marks = self._marks_of(partition)
         new_marks, changed, links = cl.receive_progress(
             marks,
             record.source_partition,
@@ -168,20 +247,33 @@ class ClaimsStage:
             self._book_of,
             self.grace_ms,
         )
-        await self._deliver(self._emissions(links))
         for key, book in changed.items():
-            self.table[key] = cl.dump_book(book).encode()
+            self._books[key] = book
+            self._changed[key] = partition
         if new_marks is not marks:
-            self.table[WATERMARKS_KEY + str(partition)] = cl.dump_watermarks(new_marks).encode()
+            self._set_marks(partition, new_marks)
+        return self._emissions(links)
 
     # -- state and outputs ----------------------------------------------------------------
-    def _marks(self, partition: int) -> cl.Watermarks:
-        text = _text(self.table.get(WATERMARKS_KEY + str(partition)))
-        return cl.Watermarks(self.partitions) if text is None else cl.load_watermarks(text)
+    def _marks_of(self, partition: int) -> cl.Watermarks:
+        marks = self._marks.get(partition)
+        if marks is None:
+            text = _text(self.table.get(WATERMARKS_KEY + str(partition)))
+            marks = cl.Watermarks(self.partitions) if text is None else cl.load_watermarks(text)
+            self._marks[partition] = marks
+        return marks
+
+    def _set_marks(self, partition: int, marks: cl.Watermarks) -> None:
+        self._marks[partition] = marks
+        self._changed[WATERMARKS_KEY + str(partition)] = partition
 
     def _book(self, key: str) -> cl.KeyBook | None:
+        if key in self._books:
+            return self._books[key]
         text = _text(self.table.get(key))
-        return None if text is None else cl.load_book(text)
+        book = None if text is None else cl.load_book(text)
+        self._books[key] = book
+        return book
 
     def _book_of(self, key: str) -> cl.KeyBook:
         book = self._book(key)

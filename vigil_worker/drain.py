@@ -15,6 +15,10 @@ every other topic (table changelogs during recovery, standbys) still go through 
 callback one by one, as Faust does. Each batch carries the rebalance generation it was
 fetched in, so that the pipeline drops a batch fetched before a rebalance.
 
+The claims topic (``side``) is routed the same way, to a queue of its own that the claims join
+reads (``vigil_worker/claims.py``): one record at a time through Faust, the join could not keep
+up with the claims a busy pipeline publishes.
+
 Everything else of Faust stays: the consumer and its thread, rebalancing, offset commits,
 tables and their changelogs, recovery, the web server.
 """
@@ -47,8 +51,12 @@ class BatchDrain:
         batch_size: int = 500,
         batch_wait: float = 0.02,
         depth: int = 2,
+        side: Collection[str] = (),
     ) -> None:
         self.topics = frozenset(topics)
+        #: topics whose batches go to ``side_queue`` (the claims join's)
+        self.side = frozenset(side)
+        self._side_queue: asyncio.Queue[Batch] | None = None
         self._generation = generation
         # A batch closes at ``batch_size`` records or ``batch_wait`` seconds after its first
         # record, whichever comes first: larger batches mean fewer state writes and producer
@@ -71,6 +79,17 @@ class BatchDrain:
             self._queue = asyncio.Queue(maxsize=self._depth)
         return self._queue
 
+    @property
+    def side_queue(self) -> asyncio.Queue[Batch]:
+        if self._side_queue is None:
+            self._side_queue = asyncio.Queue(maxsize=self._depth)
+        return self._side_queue
+
+    async def side_batches(self) -> AsyncIterator[Batch]:
+        q = self.side_queue
+        while True:
+            yield await q.get()
+
     def install(self, consumer: Any) -> None:
         """Take over ``consumer._drain_messages`` (called once per fetcher start)."""
         drain = self
@@ -82,9 +101,9 @@ class BatchDrain:
 
     def clear(self) -> None:
         """Drop the batches not yet taken (a rebalance: they come again to the owner)."""
-        q = self.queue
-        while not q.empty():
-            q.get_nowait()
+        for q in (self.queue, self.side_queue):
+            while not q.empty():
+                q.get_nowait()
 
     async def batches(self) -> AsyncIterator[Batch]:
         q = self.queue
@@ -110,12 +129,13 @@ class BatchDrain:
         unset_flag = consumer.diag.unset_flag
         commit_every = consumer._commit_every
         acks_enabled_for = consumer.app.topics.acks_enabled_for
-        inputs = self.topics
-        queue = self.queue
+        inputs, side = self.topics, self.side
+        queue, side_queue = self.queue, self.side_queue
         fetched_at = self.fetched_at
         size, wait = self.batch_size, self.batch_wait
         loop = asyncio.get_running_loop()
         batch: list[Message] = []
+        side_batch: list[Message] = []
         generation = self._generation()
         closes_at = 0.0
         try:
@@ -123,8 +143,9 @@ class BatchDrain:
                 set_flag(CONSUMER_FETCHING)
                 if self._generation() != generation:
                     batch = []  # fetched before a rebalance: the owner reads it again
+                    side_batch = []
                     generation = self._generation()
-                timeout = max(0.0, closes_at - loop.time()) if batch else 1.0
+                timeout = max(0.0, closes_at - loop.time()) if batch or side_batch else 1.0
                 ait = cast(AsyncIterator, getmany(timeout=timeout))
                 # getmany can return at once, batch after batch: let the loop breathe
                 await consumer.sleep(0)
@@ -143,17 +164,26 @@ class BatchDrain:
                             consumer._n_acked = 0
                             await consumer.commit()
                         if tp.topic in inputs:
-                            if not batch:
+                            if not batch and not side_batch:
                                 closes_at = loop.time() + wait
                             batch.append(message)
                             fetched_at[tp] = now
+                        elif tp.topic in side:
+                            if not batch and not side_batch:
+                                closes_at = loop.time() + wait
+                            side_batch.append(message)
                         else:
                             await consumer.wait_first(
                                 callback(message), consumer.suspend_flow.wait()
                             )
                         set_read_offset(tp, offset)
                     unset_flag(CONSUMER_FETCHING)
-                if batch and (len(batch) >= size or loop.time() >= closes_at):
+                closing = loop.time() >= closes_at
+                if side_batch and (len(side_batch) >= size or closing):
+                    for i in range(0, len(side_batch), size):
+                        await side_queue.put((generation, side_batch[i : i + size]))
+                    side_batch = []
+                if batch and (len(batch) >= size or closing):
                     for i in range(0, len(batch), size):
                         chunk = batch[i : i + size]
                         await queue.put((generation, chunk))

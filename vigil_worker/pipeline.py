@@ -25,6 +25,7 @@ from faust.types import TP
 from streams import flow
 from streams.contracts.codec import AvroCodec, RegistryUnavailable
 from streams.contracts.envelope import SafeAvroSchema, open_envelope
+from streams.contracts.models.outputs import ClaimsProgress
 from streams.emission import Emission
 from streams.kafka.admin import admin_client
 from streams.kafka.clients import DeliveryFailed, RecordProducer
@@ -124,6 +125,27 @@ async def seek_in_consumer_thread(
     return True
 
 
+def superseded(emissions: list[Emission]) -> set[int]:
+    """The indexes of the claims progress records a later one of the same batch supersedes:
+    same input partition, same claims partition. A progress says that every claim of its
+    input partition stamped before its watermark is written before it; the last one of a
+    batch comes after every claim the earlier ones covered and says more, so the join loses
+    nothing but the wait for it (it decides a little later, within the batch, and finds
+    fewer claims late). The processor gives one per watermark move, up to hundreds a batch
+    when one input topic is read ahead of the others: each to every claims partition."""
+    last: dict[tuple[int, int | None], int] = {}
+    skip: set[int] = set()
+    for i, em in enumerate(emissions):
+        record = em.record
+        if type(record) is ClaimsProgress:
+            where = (record.source_partition, em.partition)
+            before = last.get(where)
+            if before is not None:
+                skip.add(before)
+            last[where] = i
+    return skip
+
+
 async def survive_round(
     what: str, round_: Callable[[], Awaitable[None]], failed: Callable[[], None]
 ) -> None:
@@ -162,8 +184,7 @@ class Failure(NamedTuple):
 
 
 class Checkpoint:
-    """What one batch leaves to make durable, made durable in the order that makes it safe
-    (``commit``):
+    """What one batch leaves to make durable, made durable in the order that makes it safe:
 
     0. the state (execution entries) packed into changelog records, each checked against
        the largest record the changelog takes, before anything leaves: a batch whose state
@@ -173,6 +194,13 @@ class Checkpoint:
     2. then the state that says they were published, delivered;
     3. then the partition clocks, with how far each input is processed, delivered;
     4. then the inputs acknowledged, so that Faust may commit their offsets.
+
+    In two halves, so that the worker applies the next batch while this one's records travel
+    (``Worker.process``): ``seal`` does on the event loop's thread everything that reads the
+    processor (step 0, the outputs handed to the producer, the clocks of step 3 written to
+    their table's overlay), so that nothing the next batch does can leak into this one;
+    ``finish`` waits for the broker, step by step. Only the waits overlap the next batch:
+    its own ``seal`` comes after this ``finish``, so the steps of two batches never mix.
 
     A crash between two steps leaves the earlier ones done and the later ones not: the inputs
     come again, find their outputs published and their state either stored (skipped as
@@ -192,6 +220,8 @@ class Checkpoint:
         self.partitions: set[int] = set()
         #: the value of each output as sent (step 1), for the feed
         self.sent: list[bytes] = []
+        #: the inputs step 4 acknowledges (known once sealed)
+        self.ready: list[Any] = []
 
     def origin(self, index: int) -> Position:
         """The input the ``index``-th emission came from."""
@@ -199,44 +229,74 @@ class Checkpoint:
         return self.origins[i].position
 
     async def commit(self, consumer: Any) -> bool:
-        """The four steps, in order. False, the rest left undone, when the worker no longer
-        owns the batch."""
-        still_owner, generation = self.worker.still_owner, self.generation
+        """The four steps, in order (``seal`` then ``finish``). False, the rest left undone,
+        when the worker no longer owns the batch."""
+        return await self.seal() and await self.finish(consumer)
+
+    async def seal(self) -> bool:
+        """Step 0, the outputs handed to the producer (step 1 begun) and the clocks of step 3
+        written to their table's overlay: everything of the batch that reads the processor.
+        False when the worker no longer owns the batch."""
         self.prepare_state()
         if self.emissions:
-            if not await still_owner(generation):
+            if not await self.worker.still_owner(self.generation):
                 return False
+            self.send_outputs()
+        self.ready = self.prepare_clocks()
+        return True
+
+    async def finish(self, consumer: Any) -> bool:
+        """Steps 1 to 4 completed: each waits for the broker to have the one before."""
+        still_owner, generation = self.worker.still_owner, self.generation
+        if self.emissions:
             await self.deliver_outputs()
         if not await still_owner(generation):
             return False
         await self.store_state()
         if not await still_owner(generation):
             return False
-        ready = await self.store_clocks()
+        await self.store_clocks()
         if self.worker.generation == generation:
             # (else a rebalance came during the send: its forget() dropped what would be
             # acknowledged, and pausing now could pause a partition this worker lost; the
             # records come again, and the clock, if stored, says they are processed)
-            self.acknowledge(consumer, ready)
+            self.acknowledge(consumer, self.ready)
         return True
 
-    async def deliver_outputs(self) -> None:
-        """1. Every output sent, then waited for until the broker has them all. An output
-        refused, before it left or by the broker, counts against the input it came from."""
+    def send_outputs(self) -> None:
+        """1, begun: every output encoded and handed to the producer. An output refused before
+        it left (too large, unencodable) counts against the input it came from.
+
+        Of the claims progress an input partition sent to one claims partition, only the last
+        of the batch goes out (``superseded``); the others are recorded as sent empty."""
         worker = self.worker
         send, sent = worker.outputs.send_emission, self.sent
+        skip = superseded(self.emissions)
+        record: Any = None
+        value: bytes | None = None
         for i, em in enumerate(self.emissions):
+            if i in skip:
+                sent.append(b"")
+                continue
             try:
-                sent.append(send(em))
-            except Exception as exc:  # refused before it left (too large, unencodable)
+                # a record sent to every partition (a claims progress) is encoded once
+                value = send(em, value if em.record is record else None)
+                record = em.record
+                sent.append(value)
+            except Exception as exc:
                 worker.failed_on(self.origin(i), exc)
                 raise
+
+    async def deliver_outputs(self) -> None:
+        """1. The outputs sent, waited for until the broker has them all. An output the broker
+        refused counts against the input it came from."""
+        worker = self.worker
         try:
             await asyncio.to_thread(worker.outputs.flush, 60.0)
         except DeliveryFailed as exc:
             index = {
                 (em.topic, value): i
-                for i, (em, value) in enumerate(zip(self.emissions, sent, strict=True))
+                for i, (em, value) in enumerate(zip(self.emissions, self.sent, strict=True))
             }
             for topic, value, error in exc.failed:
                 i = index.get((topic, value))
@@ -269,9 +329,11 @@ class Checkpoint:
         """2. The execution entries the batch changed (``prepare_state``), delivered."""
         await self.worker.executions.send(self.worker.app.producer)
 
-    async def store_clocks(self) -> list[Any]:
-        """3. The clocks of the batch's partitions, with how far each input is processed (the
-        records now acknowledged in offset order), delivered. Returns those records."""
+    def prepare_clocks(self) -> list[Any]:
+        """3, prepared: the clocks of the batch's partitions, with how far each input is
+        processed (the records now acknowledged in offset order), written to the clocks
+        table's overlay. Returns those records. Sent by ``store_clocks`` once the state is
+        delivered: a clock on the broker is never ahead of the state it judged."""
         worker = self.worker
         processor, ack_order = worker.processor, worker.ack_order
         for done in processor.drain_done():
@@ -283,8 +345,11 @@ class Checkpoint:
             if p in self.partitions:
                 with worker.clocks.writing_to(p):
                     processor.flush_clocks(p)
-        await worker.clocks.send(worker.app.producer)
         return ready
+
+    async def store_clocks(self) -> None:
+        """3. The clocks ``prepare_clocks`` wrote, delivered."""
+        await self.worker.clocks.send(self.worker.app.producer)
 
     def acknowledge(self, consumer: Any, ready: list[Any]) -> None:
         """4. The records acknowledged: Faust may commit their offsets. Then the inputs that
@@ -377,11 +442,19 @@ class Worker:
         )
         #: the fetcher the current fetch sizes were set on
         self.paced: Any = None
+        #: the I/O of the batch sealed last (``Worker.finish``), under way while the next
+        #: batch is applied
+        self.committing: asyncio.Future[None] | None = None
+        #: bumped when a checkpoint's I/O fails: the batch applied behind it is dropped too
+        self.failed_commits = 0
+        #: the counters from before the batch whose checkpoint failed, until restored
+        self.rollback: Any = None
         self.drain = BatchDrain(
             self.input_names,
             lambda: self.generation,
             batch_size=settings.batch_size,
             batch_wait=settings.batch_wait.total_seconds(),
+            side=(topics.idempotency_claims.name,),
         )
         self._wire()
 
@@ -479,40 +552,50 @@ class Worker:
         Kafka delivers it again. A record is acknowledged only once processed, its outputs
         delivered and the state that reflects it written."""
         settings = self.settings
-        async for generation, batch in self.drain.batches():
-            self.pace_fetch(len(batch))
-            counted = self.processor.counters.snapshot()
-            try:
-                await self.process(generation, batch)
-            except asyncio.CancelledError:
-                raise
-            except RegistryUnavailable as exc:
-                # Not the records' fault: the registry could not be asked, while decoding
-                # (before anything of the batch is published or acknowledged) or registering
-                # an output schema. Forget the batch, wait (capped exponential backoff; warned,
-                # counted, an error if it lasts), and its records are read again.
-                self.forget()
-                self.processor.counters = counted
-                self.metrics.registry_unavailable.inc()
-                await asyncio.sleep(
-                    self.codec.outage.pause(
-                        exc, settings.registry_outage_alert, settings.registry_retry_max
+        try:
+            async for generation, batch in self.drain.batches():
+                self.pace_fetch(len(batch))
+                counted = self.processor.counters.snapshot()
+                try:
+                    await self.process(generation, batch, counted)
+                except asyncio.CancelledError:
+                    raise
+                except RegistryUnavailable as exc:
+                    # Not the records' fault: the registry could not be asked, while decoding
+                    # (before anything of the batch is published or acknowledged) or registering
+                    # an output schema. Forget the batch, wait (capped exponential backoff; warned,
+                    # counted, an error if it lasts), and its records are read again.
+                    await self.settle()
+                    self.forget()
+                    self.processor.counters = self.rolled_back(counted)
+                    self.metrics.registry_unavailable.inc()
+                    await asyncio.sleep(
+                        self.codec.outage.pause(
+                            exc, settings.registry_outage_alert, settings.registry_retry_max
+                        )
                     )
-                )
-            except Exception:
-                # Never silently: the batch is not acknowledged, so forget what it did to the
-                # state; the watchdog seeks back to the first unacknowledged record.
-                log.exception("batch of %s records failed; it will be read again", len(batch))
-                self.metrics.batch_failures.inc()
-                self.forget()
-                self.processor.counters = counted
-            del batch  # not kept, decoded, while the next batch is awaited
+                except Exception:
+                    # Never silently: the batch is not acknowledged, so forget what it did to the
+                    # state; the watchdog seeks back to the first unacknowledged record.
+                    log.exception("batch of %s records failed; it will be read again", len(batch))
+                    self.metrics.batch_failures.inc()
+                    await self.settle()
+                    self.forget()
+                    self.processor.counters = self.rolled_back(counted)
+                del batch  # not kept, decoded, while the next batch is awaited
+        finally:
+            await self.stop_committing()
 
-    async def process(self, generation: int, batch: list[Any]) -> None:
-        """One batch: its guard starts and schemas looked up, its records applied, then its
-        checkpoint committed."""
+    async def process(self, generation: int, batch: list[Any], counted: Any = None) -> None:
+        """One batch: its guard starts and schemas looked up, its records applied while the
+        batch before it is still being made durable, then, that one done, its checkpoint
+        sealed and its own I/O started (``Checkpoint``: only the waits for the broker overlap
+        the next batch). ``counted``: the processor's counters before the batch, to go back
+        to if its I/O fails."""
         if generation != self.generation:
             return  # fetched before a rebalance: it comes again to the partition's owner
+        # a checkpoint failing from here on fails this batch too (its rollback is for it)
+        failed, self.rollback = self.failed_commits, None
         consumer = self.app.consumer
         self.committed_now.clear()
         self.committed_now.update(self.guard.confirmed)
@@ -521,9 +604,39 @@ class Worker:
         if not await self.prepare(generation, batch, assignment):
             return
         checkpoint = Checkpoint(self, generation)
-        if not await self.apply(checkpoint, batch, assignment):
+        applied = await self.apply(checkpoint, batch, assignment)
+        await self.settle()
+        if self.failed_commits != failed:
+            # the batch before failed once this one was applied on top of its state: its
+            # failure forgot everything; what this one applied since is forgotten too, and
+            # both come again (the watchdog seeks back to the first record not acknowledged)
+            self.forget()
+            self.processor.counters = self.rolled_back(self.processor.counters)
             return
-        if not await checkpoint.commit(consumer):
+        if not applied or generation != self.generation:
+            return
+        if not await checkpoint.seal():
+            return
+        before = counted if counted is not None else self.processor.counters.snapshot()
+        self.committing = asyncio.ensure_future(self.finish(checkpoint, batch, before))
+
+    async def finish(self, checkpoint: Checkpoint, batch: list[Any], counted: Any) -> None:
+        """A sealed checkpoint made durable (``Checkpoint.finish``), then its outputs fed to
+        the web feed. Runs beside the next batch's ``apply`` and never raises: a failure is
+        logged and counted, everything not yet stored is forgotten (the batch applied behind
+        this one too, ``process``), and the records come again."""
+        try:
+            if not await checkpoint.finish(self.app.consumer):
+                return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("batch of %s records failed; it will be read again", len(batch))
+            self.metrics.batch_failures.inc()
+            self.failed_commits += 1
+            self.forget()
+            self.rollback = counted
+            self.processor.counters = counted
             return
         if checkpoint.emissions:
             self.feed.publish(
@@ -535,6 +648,27 @@ class Worker:
             for msg in batch:
                 if msg.timestamp:
                     self.metrics.latency.observe(max(0.0, now - msg.timestamp))
+
+    async def stop_committing(self, timeout: float = 5.0) -> None:
+        """The worker stops: the I/O of the batch sealed last is given ``timeout`` seconds to
+        finish (a graceful stop leaves nothing to redo), then cancelled (its records come
+        again after the restart, as after a crash)."""
+        task, self.committing = self.committing, None
+        if task is not None and not task.done():
+            await asyncio.wait([task], timeout=timeout)
+            task.cancel()
+
+    async def settle(self) -> None:
+        """The I/O of the batch sealed last, done (or failed, and forgotten)."""
+        task, self.committing = self.committing, None
+        if task is not None:
+            await task
+
+    def rolled_back(self, counted: Any) -> Any:
+        """The counters to go back to after a failure: those from before the earliest batch
+        that failed and was not stored (a failed checkpoint's, ``finish``), else ``counted``."""
+        rollback, self.rollback = self.rollback, None
+        return rollback if rollback is not None else counted
 
     async def prepare(self, generation: int, batch: list[Any], assignment: Any) -> bool:
         """What the batch needs from the broker and the registry, asked in threads, not on the
@@ -782,7 +916,7 @@ class Worker:
         consumer = getattr(self.app, "consumer", None)
         if consumer is None:
             return
-        if self.drain.busy():
+        if self.drain.busy() or (self.committing is not None and not self.committing.done()):
             return  # records are on their way: a backlog, not a stall
         guard = self.guard
         generation = self.generation
@@ -872,7 +1006,10 @@ def consumer_state(app: Any, tp: Any) -> str:
 def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     """The worker's pipeline on ``app``; returns its processor."""
     worker = Worker(app, settings, codec)
-    worker.claims = ClaimsStage(app, settings, codec, settings.claims_grace)
+    worker.claims = ClaimsStage(
+        app, settings, codec, settings.claims_grace, lambda: worker.generation
+    )
+    worker.claims.run_on(worker.drain.side_batches)
     return worker.processor
 
 

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+from streams.contracts.models.base import constructor
 from streams.contracts.models.enums import OperationStatus
 from streams.contracts.models.outputs import ClaimsProgress, IdempotencyClaim, RetryLink
 from streams.core.executions import from_ms, to_ms
@@ -476,16 +477,24 @@ def claims_of(book: OperationBook, operation_ids: Iterable[str]) -> list[Claim]:
     return out
 
 
+#: A claim is made for every transition of every attempt with an idempotency key, from values
+#: the core already holds valid: built without validation (``constructor``).
+_new_claim = constructor(IdempotencyClaim)
+_new_progress = constructor(ClaimsProgress)
+
+
 def claim_record(claim: Claim) -> IdempotencyClaim:
-    return IdempotencyClaim(
-        claim_id=claim.claim_id,
-        connector=claim.connector,
-        idempotency_key=claim.key,
-        execution_id=claim.execution_id,
-        operation_id=claim.operation_id,
-        attempt=claim.attempt,
-        status=claim.status,
-        occurred_at=from_ms(claim.at),
+    return _new_claim(
+        {
+            "claim_id": claim.claim_id,
+            "connector": claim.connector,
+            "idempotency_key": claim.key,
+            "execution_id": claim.execution_id,
+            "operation_id": claim.operation_id,
+            "attempt": claim.attempt,
+            "status": claim.status,
+            "occurred_at": from_ms(claim.at),
+        }
     )
 
 
@@ -502,8 +511,8 @@ def claim_of(record: IdempotencyClaim) -> Claim:
 
 
 def progress_record(source: int, partitions: int, watermark: int) -> ClaimsProgress:
-    return ClaimsProgress(
-        source_partition=source, partitions=partitions, occurred_at=from_ms(watermark)
+    return _new_progress(
+        {"source_partition": source, "partitions": partitions, "occurred_at": from_ms(watermark)}
     )
 
 

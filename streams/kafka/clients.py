@@ -37,6 +37,9 @@ class RecordProducer:
             "partitioner": "murmur2_random",
             "enable.idempotence": True,
             "linger.ms": 5,
+            # a delivery report only for a record the broker refused: a Python callback per
+            # record delivered costs the event loop's thread (it needs the GIL) for nothing
+            "delivery.report.only.error": True,
         }
         conf.update(extra)
         self.producer = Producer(conf)
@@ -107,10 +110,12 @@ class RecordProducer:
             except BufferError:
                 self.producer.poll(0.05)
 
-    def send_emission(self, em: Emission) -> bytes:
+    def send_emission(self, em: Emission, value: bytes | None = None) -> bytes:
         """One output of the processor (worker and replay alike): encoded, keyed, stamped with
-        its event time, its headers as bytes. Returns the value as sent."""
-        value = self.codec.encode(em.topic, em.record)
+        its event time, its headers as bytes. Returns the value as sent. ``value``: the record
+        already encoded (one record sent to several partitions is encoded once)."""
+        if value is None:
+            value = self.codec.encode(em.topic, em.record)
         self.send_encoded(
             em.topic,
             em.key.encode() if em.key is not None else None,

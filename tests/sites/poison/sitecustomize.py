@@ -44,11 +44,11 @@ def _refuse_once(execution_id: str) -> None:
     send = RecordProducer.send_emission
     left = [1]
 
-    def refusing(self: RecordProducer, em: Any) -> bytes:
+    def refusing(self: RecordProducer, em: Any, value: bytes | None = None) -> bytes:
         if left[0] and getattr(em.record, "execution_id", None) == execution_id:
             left[0] -= 1
             raise RuntimeError(f"{REFUSED}: {em.topic}")
-        return send(self, em)
+        return send(self, em, value)
 
     RecordProducer.send_emission = refusing  # type: ignore[method-assign]
 
