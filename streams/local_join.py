@@ -1,7 +1,7 @@
 """The claims join run in-process, for a replay (and tests) that drives a ``Processor`` alone.
 
 Live, the join is a stage of its own: the pipeline publishes ``IdempotencyClaim`` and
-``ClaimsProgress`` records to ``<p>.idempotency-claims``, the claims agent
+``ClaimsProgress`` records to ``<p>.idempotency-claims``, the claims stage
 (``vigil_worker/claims.py``) decides on them and sends ``RetryLink`` records back through
 ``<p>.retry-links``, and the pipeline applies each link when it reads it. A replay has no such
 stage and writes no internal topics, so ``LocalJoin`` holds the same state in dicts and calls the
@@ -32,7 +32,7 @@ from streams.processor import Processor
 
 @dataclass
 class LocalJoin:
-    """The claims join's state, as the claims agent keeps it in its table: per claims
+    """The claims join's state, as the claims stage keeps it in its table: per claims
     partition its watermarks, per (connector, key) its book."""
 
     partitions: int
