@@ -184,7 +184,8 @@ class Failure(NamedTuple):
 
 
 class Checkpoint:
-    """What one batch leaves to make durable, made durable in the order that makes it safe:
+    """What one batch leaves to make durable, made durable in the order that makes it safe
+    (``commit``):
 
     0. the state (execution entries) packed into changelog records, each checked against
        the largest record the changelog takes, before anything leaves: a batch whose state
@@ -194,13 +195,6 @@ class Checkpoint:
     2. then the state that says they were published, delivered;
     3. then the partition clocks, with how far each input is processed, delivered;
     4. then the inputs acknowledged, so that Faust may commit their offsets.
-
-    In two halves, so that the worker applies the next batch while this one's records travel
-    (``Worker.process``): ``seal`` does on the event loop's thread everything that reads the
-    processor (step 0, the outputs handed to the producer, the clocks of step 3 written to
-    their table's overlay), so that nothing the next batch does can leak into this one;
-    ``finish`` waits for the broker, step by step. Only the waits overlap the next batch:
-    its own ``seal`` comes after this ``finish``, so the steps of two batches never mix.
 
     A crash between two steps leaves the earlier ones done and the later ones not: the inputs
     come again, find their outputs published and their state either stored (skipped as
@@ -220,8 +214,6 @@ class Checkpoint:
         self.partitions: set[int] = set()
         #: the value of each output as sent (step 1), for the feed
         self.sent: list[bytes] = []
-        #: the inputs step 4 acknowledges (known once sealed)
-        self.ready: list[Any] = []
 
     def origin(self, index: int) -> Position:
         """The input the ``index``-th emission came from."""
@@ -229,43 +221,30 @@ class Checkpoint:
         return self.origins[i].position
 
     async def commit(self, consumer: Any) -> bool:
-        """The four steps, in order (``seal`` then ``finish``). False, the rest left undone,
-        when the worker no longer owns the batch."""
-        return await self.seal() and await self.finish(consumer)
-
-    async def seal(self) -> bool:
-        """Step 0, the outputs handed to the producer (step 1 begun) and the clocks of step 3
-        written to their table's overlay: everything of the batch that reads the processor.
-        False when the worker no longer owns the batch."""
+        """The four steps, in order. False, the rest left undone, when the worker no longer
+        owns the batch."""
+        still_owner, generation = self.worker.still_owner, self.generation
         self.prepare_state()
         if self.emissions:
-            if not await self.worker.still_owner(self.generation):
+            if not await still_owner(generation):
                 return False
-            self.send_outputs()
-        self.ready = self.prepare_clocks()
-        return True
-
-    async def finish(self, consumer: Any) -> bool:
-        """Steps 1 to 4 completed: each waits for the broker to have the one before."""
-        still_owner, generation = self.worker.still_owner, self.generation
-        if self.emissions:
             await self.deliver_outputs()
         if not await still_owner(generation):
             return False
         await self.store_state()
         if not await still_owner(generation):
             return False
-        await self.store_clocks()
+        ready = await self.store_clocks()
         if self.worker.generation == generation:
             # (else a rebalance came during the send: its forget() dropped what would be
             # acknowledged, and pausing now could pause a partition this worker lost; the
             # records come again, and the clock, if stored, says they are processed)
-            self.acknowledge(consumer, self.ready)
+            self.acknowledge(consumer, ready)
         return True
 
-    def send_outputs(self) -> None:
-        """1, begun: every output encoded and handed to the producer. An output refused before
-        it left (too large, unencodable) counts against the input it came from.
+    async def deliver_outputs(self) -> None:
+        """1. Every output sent, then waited for until the broker has them all. An output
+        refused, before it left or by the broker, counts against the input it came from.
 
         Of the claims progress an input partition sent to one claims partition, only the last
         of the batch goes out (``superseded``); the others are recorded as sent empty."""
@@ -283,20 +262,15 @@ class Checkpoint:
                 value = send(em, value if em.record is record else None)
                 record = em.record
                 sent.append(value)
-            except Exception as exc:
+            except Exception as exc:  # refused before it left (too large, unencodable)
                 worker.failed_on(self.origin(i), exc)
                 raise
-
-    async def deliver_outputs(self) -> None:
-        """1. The outputs sent, waited for until the broker has them all. An output the broker
-        refused counts against the input it came from."""
-        worker = self.worker
         try:
             await asyncio.to_thread(worker.outputs.flush, 60.0)
         except DeliveryFailed as exc:
             index = {
                 (em.topic, value): i
-                for i, (em, value) in enumerate(zip(self.emissions, self.sent, strict=True))
+                for i, (em, value) in enumerate(zip(self.emissions, sent, strict=True))
             }
             for topic, value, error in exc.failed:
                 i = index.get((topic, value))
@@ -329,11 +303,9 @@ class Checkpoint:
         """2. The execution entries the batch changed (``prepare_state``), delivered."""
         await self.worker.executions.send(self.worker.app.producer)
 
-    def prepare_clocks(self) -> list[Any]:
-        """3, prepared: the clocks of the batch's partitions, with how far each input is
-        processed (the records now acknowledged in offset order), written to the clocks
-        table's overlay. Returns those records. Sent by ``store_clocks`` once the state is
-        delivered: a clock on the broker is never ahead of the state it judged."""
+    async def store_clocks(self) -> list[Any]:
+        """3. The clocks of the batch's partitions, with how far each input is processed (the
+        records now acknowledged in offset order), delivered. Returns those records."""
         worker = self.worker
         processor, ack_order = worker.processor, worker.ack_order
         for done in processor.drain_done():
@@ -345,11 +317,8 @@ class Checkpoint:
             if p in self.partitions:
                 with worker.clocks.writing_to(p):
                     processor.flush_clocks(p)
+        await worker.clocks.send(worker.app.producer)
         return ready
-
-    async def store_clocks(self) -> None:
-        """3. The clocks ``prepare_clocks`` wrote, delivered."""
-        await self.worker.clocks.send(self.worker.app.producer)
 
     def acknowledge(self, consumer: Any, ready: list[Any]) -> None:
         """4. The records acknowledged: Faust may commit their offsets. Then the inputs that
@@ -442,13 +411,6 @@ class Worker:
         )
         #: the fetcher the current fetch sizes were set on
         self.paced: Any = None
-        #: the I/O of the batch sealed last (``Worker.finish``), under way while the next
-        #: batch is applied
-        self.committing: asyncio.Future[None] | None = None
-        #: bumped when a checkpoint's I/O fails: the batch applied behind it is dropped too
-        self.failed_commits = 0
-        #: the counters from before the batch whose checkpoint failed, until restored
-        self.rollback: Any = None
         self.drain = BatchDrain(
             self.input_names,
             lambda: self.generation,
@@ -552,50 +514,40 @@ class Worker:
         Kafka delivers it again. A record is acknowledged only once processed, its outputs
         delivered and the state that reflects it written."""
         settings = self.settings
-        try:
-            async for generation, batch in self.drain.batches():
-                self.pace_fetch(len(batch))
-                counted = self.processor.counters.snapshot()
-                try:
-                    await self.process(generation, batch, counted)
-                except asyncio.CancelledError:
-                    raise
-                except RegistryUnavailable as exc:
-                    # Not the records' fault: the registry could not be asked, while decoding
-                    # (before anything of the batch is published or acknowledged) or registering
-                    # an output schema. Forget the batch, wait (capped exponential backoff; warned,
-                    # counted, an error if it lasts), and its records are read again.
-                    await self.settle()
-                    self.forget()
-                    self.processor.counters = self.rolled_back(counted)
-                    self.metrics.registry_unavailable.inc()
-                    await asyncio.sleep(
-                        self.codec.outage.pause(
-                            exc, settings.registry_outage_alert, settings.registry_retry_max
-                        )
+        async for generation, batch in self.drain.batches():
+            self.pace_fetch(len(batch))
+            counted = self.processor.counters.snapshot()
+            try:
+                await self.process(generation, batch)
+            except asyncio.CancelledError:
+                raise
+            except RegistryUnavailable as exc:
+                # Not the records' fault: the registry could not be asked, while decoding
+                # (before anything of the batch is published or acknowledged) or registering
+                # an output schema. Forget the batch, wait (capped exponential backoff; warned,
+                # counted, an error if it lasts), and its records are read again.
+                self.forget()
+                self.processor.counters = counted
+                self.metrics.registry_unavailable.inc()
+                await asyncio.sleep(
+                    self.codec.outage.pause(
+                        exc, settings.registry_outage_alert, settings.registry_retry_max
                     )
-                except Exception:
-                    # Never silently: the batch is not acknowledged, so forget what it did to the
-                    # state; the watchdog seeks back to the first unacknowledged record.
-                    log.exception("batch of %s records failed; it will be read again", len(batch))
-                    self.metrics.batch_failures.inc()
-                    await self.settle()
-                    self.forget()
-                    self.processor.counters = self.rolled_back(counted)
-                del batch  # not kept, decoded, while the next batch is awaited
-        finally:
-            await self.stop_committing()
+                )
+            except Exception:
+                # Never silently: the batch is not acknowledged, so forget what it did to the
+                # state; the watchdog seeks back to the first unacknowledged record.
+                log.exception("batch of %s records failed; it will be read again", len(batch))
+                self.metrics.batch_failures.inc()
+                self.forget()
+                self.processor.counters = counted
+            del batch  # not kept, decoded, while the next batch is awaited
 
-    async def process(self, generation: int, batch: list[Any], counted: Any = None) -> None:
-        """One batch: its guard starts and schemas looked up, its records applied while the
-        batch before it is still being made durable, then, that one done, its checkpoint
-        sealed and its own I/O started (``Checkpoint``: only the waits for the broker overlap
-        the next batch). ``counted``: the processor's counters before the batch, to go back
-        to if its I/O fails."""
+    async def process(self, generation: int, batch: list[Any]) -> None:
+        """One batch: its guard starts and schemas looked up, its records applied, then its
+        checkpoint committed."""
         if generation != self.generation:
             return  # fetched before a rebalance: it comes again to the partition's owner
-        # a checkpoint failing from here on fails this batch too (its rollback is for it)
-        failed, self.rollback = self.failed_commits, None
         consumer = self.app.consumer
         self.committed_now.clear()
         self.committed_now.update(self.guard.confirmed)
@@ -604,39 +556,9 @@ class Worker:
         if not await self.prepare(generation, batch, assignment):
             return
         checkpoint = Checkpoint(self, generation)
-        applied = await self.apply(checkpoint, batch, assignment)
-        await self.settle()
-        if self.failed_commits != failed:
-            # the batch before failed once this one was applied on top of its state: its
-            # failure forgot everything; what this one applied since is forgotten too, and
-            # both come again (the watchdog seeks back to the first record not acknowledged)
-            self.forget()
-            self.processor.counters = self.rolled_back(self.processor.counters)
+        if not await self.apply(checkpoint, batch, assignment):
             return
-        if not applied or generation != self.generation:
-            return
-        if not await checkpoint.seal():
-            return
-        before = counted if counted is not None else self.processor.counters.snapshot()
-        self.committing = asyncio.ensure_future(self.finish(checkpoint, batch, before))
-
-    async def finish(self, checkpoint: Checkpoint, batch: list[Any], counted: Any) -> None:
-        """A sealed checkpoint made durable (``Checkpoint.finish``), then its outputs fed to
-        the web feed. Runs beside the next batch's ``apply`` and never raises: a failure is
-        logged and counted, everything not yet stored is forgotten (the batch applied behind
-        this one too, ``process``), and the records come again."""
-        try:
-            if not await checkpoint.finish(self.app.consumer):
-                return
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("batch of %s records failed; it will be read again", len(batch))
-            self.metrics.batch_failures.inc()
-            self.failed_commits += 1
-            self.forget()
-            self.rollback = counted
-            self.processor.counters = counted
+        if not await checkpoint.commit(consumer):
             return
         if checkpoint.emissions:
             self.feed.publish(
@@ -648,27 +570,6 @@ class Worker:
             for msg in batch:
                 if msg.timestamp:
                     self.metrics.latency.observe(max(0.0, now - msg.timestamp))
-
-    async def stop_committing(self, timeout: float = 5.0) -> None:
-        """The worker stops: the I/O of the batch sealed last is given ``timeout`` seconds to
-        finish (a graceful stop leaves nothing to redo), then cancelled (its records come
-        again after the restart, as after a crash)."""
-        task, self.committing = self.committing, None
-        if task is not None and not task.done():
-            await asyncio.wait([task], timeout=timeout)
-            task.cancel()
-
-    async def settle(self) -> None:
-        """The I/O of the batch sealed last, done (or failed, and forgotten)."""
-        task, self.committing = self.committing, None
-        if task is not None:
-            await task
-
-    def rolled_back(self, counted: Any) -> Any:
-        """The counters to go back to after a failure: those from before the earliest batch
-        that failed and was not stored (a failed checkpoint's, ``finish``), else ``counted``."""
-        rollback, self.rollback = self.rollback, None
-        return rollback if rollback is not None else counted
 
     async def prepare(self, generation: int, batch: list[Any], assignment: Any) -> bool:
         """What the batch needs from the broker and the registry, asked in threads, not on the
@@ -916,7 +817,7 @@ class Worker:
         consumer = getattr(self.app, "consumer", None)
         if consumer is None:
             return
-        if self.drain.busy() or (self.committing is not None and not self.committing.done()):
+        if self.drain.busy():
             return  # records are on their way: a backlog, not a stall
         guard = self.guard
         generation = self.generation
