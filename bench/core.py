@@ -36,7 +36,8 @@ SEED = 8
 
 def _layout(new: str, old: str) -> Any:
     """The module ``new`` of this tree's layout, or ``old`` in a tree from before the package
-    restructure (``streams/contracts``, ``streams/kafka``): an A/B runs this script in both.
+    restructures (``streams/contracts``, ``streams/kafka``, ``streams/engine``): an A/B runs
+    this script in both.
     The old path is tried first, since the editable install may resolve the new one to the
     current tree's files while running in the old tree."""
     import importlib
@@ -124,7 +125,9 @@ def run_once(executions: int) -> dict[str, Any]:
     """One timed pass of a fresh Processor over the workload (built before the clock starts).
     What it publishes is kept and digested after the clock stops (``digest``)."""
     from streams.app import tune_gc
-    from streams.processor import Processor, Stores
+
+    engine = _layout("streams.engine.processor", "streams.processor")
+    Processor, Stores = engine.Processor, engine.Stores
     from streams.replay import REPLAY_FLUSH_EVERY
     from streams.settings import Settings
 

@@ -17,8 +17,8 @@ import statistics
 import time
 from datetime import UTC, datetime, timedelta
 
+from streams.engine.state import Entry
 from streams.read.metrics import Metrics
-from streams.state import Entry
 from tests.test_processor import ticks
 from tests.test_state_gauges import played
 

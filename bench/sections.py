@@ -17,7 +17,7 @@ from bench.workload import Planned, from_ms, plan, shapes, tick_times
 from streams.contracts.codec import AvroCodec, DecodeError, RegistryConfig
 from streams.contracts.envelope import Envelope
 from streams.contracts.models.events import ClockTick
-from streams.processor import Processor, Stores
+from streams.engine.processor import Processor, Stores
 from streams.settings import Settings
 
 Log = Callable[[str], None]

@@ -25,9 +25,9 @@ from streams.contracts.envelope import Envelope
 from streams.contracts.keys import split_key
 from streams.contracts.models.outputs import ClaimsProgress, IdempotencyClaim
 from streams.core import claims as cl
-from streams.emission import Emission, record_time_ms
+from streams.engine.emission import Emission, record_time_ms
+from streams.engine.processor import Processor
 from streams.kafka.partitioning import partition_of
-from streams.processor import Processor
 
 
 @dataclass

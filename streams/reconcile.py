@@ -66,7 +66,7 @@ from streams.contracts.models.outputs import (
     WorkItemResolution,
 )
 from streams.core import reconcile as rules
-from streams.emission import record_time_ms
+from streams.engine.emission import record_time_ms
 from streams.kafka.topics import Topics
 from streams.read.status_http import listen_address, serve
 from streams.reconcilers import (

@@ -27,15 +27,15 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from streams import flow
 from streams.contracts.codec import AvroCodec
 from streams.contracts.envelope import Envelope, open_envelope
 from streams.contracts.models.events import ClockTick
+from streams.engine import flow
+from streams.engine.processor import Emission, Processor, Stores
 from streams.kafka.admin import create_topics, prepare_registry
 from streams.kafka.clients import RecordProducer
 from streams.kafka.topics import Topics
 from streams.local_join import LocalJoin, route
-from streams.processor import Emission, Processor, Stores
 from streams.settings import Settings
 
 

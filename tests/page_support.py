@@ -374,7 +374,7 @@ class Pipeline:
     (as ``demo_scenario`` gives them) into the output records the console reads."""
 
     def __init__(self) -> None:
-        from streams.processor import Processor, Stores
+        from streams.engine.processor import Processor, Stores
         from tests.test_processor import TOPICS
 
         self.topics = TOPICS

@@ -30,8 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from streams.contracts.models.enums import AlertKind, AlertStatus, Owner, Severity
 from streams.contracts.models.outputs import Alert
+from streams.engine.processor import alert_headers
 from streams.local.stack import Cluster
-from streams.processor import alert_headers
 from tests.alertmanager_support import BINARY, Alertmanager, Hooks, wait_for
 from tests.support import Deployment, deployment, free_port
 

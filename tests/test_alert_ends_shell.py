@@ -1,4 +1,4 @@
-"""The ends of ANOMALY and FORBIDDEN_RETRY alerts through the shell (``streams.processor``),
+"""The ends of ANOMALY and FORBIDDEN_RETRY alerts through the shell (``streams.engine.processor``),
 without Kafka: where an anomaly's end is kept, that it survives a restart, that the live way
 (written behind, input positions kept) and a replay publish the same ends
 (docs/rules.md#alert-lifecycle)."""
@@ -20,10 +20,10 @@ from streams.contracts.models.enums import (
 from streams.contracts.models.events import ExecutionStatusChanged
 from streams.contracts.models.outputs import Alert, Anomaly
 from streams.core import alerts as al
+from streams.engine.processor import Processor, Stores
+from streams.engine.scheduler import epoch_ms, from_ms
+from streams.engine.state import Entry
 from streams.kafka.partitioning import partition_of
-from streams.processor import Processor, Stores
-from streams.scheduler import epoch_ms, from_ms
-from streams.state import Entry
 from tests.test_processor import T0, TOPICS, env, handle, sent, ticks
 
 HOUR = timedelta(hours=1)

@@ -29,7 +29,7 @@ from streams.contracts.models.enums import (
 )
 from streams.contracts.models.outputs import Anomaly, ApprovalVerdict
 from streams.core.approvals.ledger import Ledger
-from streams.processor import Processor, Stores
+from streams.engine.processor import Processor, Stores
 from tests.test_processor import T0, TOPICS, env, ticks
 
 EX = "ex-approve"

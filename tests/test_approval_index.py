@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from streams.contracts.models.events import ApprovalDecision, ApprovalRequested
 from streams.contracts.models.outputs import ApprovalVerdict
 from streams.core.approvals import ApprovalBook
+from streams.engine.processor import Processor, Stores
+from streams.engine.state import Entry
 from streams.kafka.partitioning import partition_of
 from streams.local.scenario import Tick, demo_scenario
-from streams.processor import Processor, Stores
 from streams.read.approval_index import ApprovalIndex, request_ids, scan
-from streams.state import Entry
 from tests.test_processor import TOPICS, env, ticks
 
 T0 = datetime(2026, 7, 26, 16, 0, tzinfo=UTC)

@@ -29,8 +29,8 @@ from streams.contracts.models.base import Record
 from streams.contracts.models.enums import AnomalyKind
 from streams.contracts.models.events import ClockTick
 from streams.contracts.models.outputs import Anomaly, ApprovalVerdict
+from streams.engine.processor import Processor, Stores
 from streams.kafka.clients import ConsumedRecord, consume
-from streams.processor import Processor, Stores
 from streams.replay import run_replay
 from tests.support import Deployment, deployment, worker
 from tests.test_faults_kafka import T0, approval, execution

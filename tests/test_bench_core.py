@@ -29,7 +29,7 @@ def test_a_run_processes_every_record_and_reports_its_outputs() -> None:
 
 def test_the_digest_of_a_run_is_the_same_every_time_and_sees_any_changed_record() -> None:
     from streams.contracts.models.base import replace
-    from streams.processor import Emission
+    from streams.engine.processor import Emission
 
     a, b = core.run_once(30), core.run_once(30)
     assert a["digest"] == b["digest"] and a["outputs"] == b["outputs"]

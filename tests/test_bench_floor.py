@@ -13,8 +13,8 @@ from pathlib import Path
 
 from bench import core
 from bench.sections import outputs_by_input
+from streams.engine.processor import Processor, Stores
 from streams.kafka.topics import Topics
-from streams.processor import Processor, Stores
 from streams.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
 import json, pickle, sys
 from bench import core
-from streams.processor import Processor, Stores
+from streams.engine.processor import Processor, Stores
 from streams.settings import Settings
 from streams.kafka.topics import Topics
 
@@ -71,7 +71,8 @@ def test_without_the_variable_the_site_hook_changes_nothing(tmp_path: Path) -> N
     env.pop("VIGIL_BENCH_FLOOR", None)
     env["PYTHONPATH"] = f"{ROOT / 'bench' / 'floor_site'}{os.pathsep}{ROOT}"
     probe = (
-        "import json, streams.processor as p; print(json.dumps(p.Processor.handle.__qualname__))"
+        "import json, streams.engine.processor as p; "
+        "print(json.dumps(p.Processor.handle.__qualname__))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, check=True

@@ -28,7 +28,7 @@ from faust.types import TP
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.state import ExecutionStore
+from streams.engine.state import ExecutionStore
 from vigil_worker.changelog import DirectTable
 
 STORES = ["memory://"]

@@ -20,11 +20,11 @@ import pytest
 
 from streams.contracts.models import events as ev
 from streams.contracts.models.enums import ExecutionStatus, OperationEventKind
-from streams.processor import Processor, Stores
-from streams.state import EntryTooLarge
+from streams.engine.processor import Processor, Stores
+from streams.engine.state import EntryTooLarge
 from tests.test_entry_bounds import key
 from tests.test_processor import T0, TOPICS, env, ticks
-from vigil_worker.pipeline import Checkpoint, Position
+from vigil_worker.checkpoint import Checkpoint, Position
 
 
 class Table(dict[str, Any]):

@@ -32,8 +32,8 @@ from streams.contracts.models.outputs import (
     ReconciliationWorkItem,
     WorkItemResolution,
 )
+from streams.engine.processor import Processor, Stores
 from streams.kafka.partitioning import partition_of
-from streams.processor import Processor, Stores
 from tests.test_processor import TOPICS, env
 
 S = OperationStatus

@@ -36,9 +36,9 @@ from streams.contracts.models.outputs import (
     WorkItemResolution,
 )
 from streams.core.approvals import to_verdict
+from streams.engine.processor import Processor, Stores
 from streams.kafka.partitioning import partition_of
 from streams.local.scenario import REFERENCE_AT, Tick, demo_scenario
-from streams.processor import Processor, Stores
 from tests.test_processor import TOPICS, env
 
 CONSOLE_TOPICS = {

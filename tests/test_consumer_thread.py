@@ -18,7 +18,8 @@ from aiokafka.errors import IllegalStateError
 from faust.types import TP
 
 from streams.settings import Settings
-from vigil_worker.pipeline import seek_in_consumer_thread, survive_round, tune_fetch
+from vigil_worker.consumer import seek_in_consumer_thread, tune_fetch
+from vigil_worker.pipeline import survive_round
 
 
 class ConsumerThread:

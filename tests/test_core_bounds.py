@@ -50,8 +50,8 @@ from streams.core.bounds import (
     out_of_domain,
 )
 from streams.core.operations import OperationConfig
+from streams.engine.processor import Processor, Stores
 from streams.policies import PolicyError, load_policies
-from streams.processor import Processor, Stores
 from streams.settings import Settings, SettingsError
 from tests.test_processor import TOPICS, env, ticks
 

@@ -23,9 +23,9 @@ from streams.contracts.models.outputs import (
     RetryLink,
 )
 from streams.core import cross
+from streams.engine.processor import Processor, Stores
 from streams.kafka.partitioning import partition_of
 from streams.kafka.topics import Topics
-from streams.processor import Processor, Stores
 from streams.settings import Settings
 
 S = OperationStatus

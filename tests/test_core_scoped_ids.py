@@ -344,8 +344,8 @@ def _approval_run(strip: bool) -> tuple[list, list, dict]:
 
     from streams.contracts.models.enums import DecisionCode
     from streams.contracts.models.events import ApprovalDecision, ApprovalRequested, ClockTick
-    from streams.processor import Processor, Stores
-    from streams.state import Entry
+    from streams.engine.processor import Processor, Stores
+    from streams.engine.state import Entry
     from tests.test_processor import TOPICS, env
 
     t = datetime(2026, 11, 1, 9, tzinfo=UTC)

@@ -26,9 +26,9 @@ from streams.contracts.models.outputs import (
     ReconciliationWorkItem,
     WorkItemResolution,
 )
+from streams.engine.processor import Processor, Stores
 from streams.local.demo import Feed, describe
 from streams.local.scenario import Tick, demo_scenario
-from streams.processor import Processor, Stores
 from tests.test_processor import TOPICS, env
 
 T = datetime(2026, 7, 26, 16, 0, tzinfo=UTC)

@@ -34,8 +34,8 @@ from streams.contracts.models.enums import (
 )
 from streams.contracts.models.outputs import Alert, Anomaly, DeadLetter, ExecutionState
 from streams.core.bounds import MAX_ID_CHARS, MAX_TEXT_CHARS, TEXT_BOUNDS, out_of_domain
-from streams.processor import Processor, Stores
-from streams.state import Entry, EntryTooLarge, ExecutionStore
+from streams.engine.processor import Processor, Stores
+from streams.engine.state import Entry, EntryTooLarge, ExecutionStore
 from tests.test_core_bounds import BASE
 from tests.test_processor import T0, TOPICS, env
 

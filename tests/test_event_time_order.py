@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 from streams.contracts.envelope import Envelope
 from streams.contracts.models.events import ClockTick
+from streams.engine.processor import Processor, Stores
 from streams.kafka.partitioning import partition_of
 from streams.kafka.topics import Topics
-from streams.processor import Processor, Stores
 from streams.settings import Settings
 from tests.test_faults_kafka import ID_FIELDS, T0, execution
 

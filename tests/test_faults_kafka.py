@@ -11,7 +11,7 @@ same steps: every expected record is there, a repeated id is only ever an identi
 Two failures these tests found, each with its own exception so a regression says which:
 ``ReprocessedAsAnomaly`` (inputs the tables already held processed again after a restart or a
 rebalance, reported as anomalies a single run never publishes; fixed by the applied positions
-in each execution entry, ``streams/state.py``) and ``MissingOutputs`` (Faust skipping input
+in each execution entry, ``streams/engine/state.py``) and ``MissingOutputs`` (Faust skipping input
 records after a rebalance; fixed by the offset guard, ``streams/kafka/offsets.py``).
 """
 

@@ -1,11 +1,11 @@
-"""Flow control in event time (``streams/flow.py``), without Kafka."""
+"""Flow control in event time (``streams/engine/flow.py``), without Kafka."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.flow import hold_back
+from streams.engine.flow import hold_back
 
 keys = st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 3))
 

@@ -58,8 +58,8 @@ from streams.contracts.models.outputs import (
     ReconciliationWorkItem,
 )
 from streams.core.clock import PartitionClock, placed_at, watermark_ms
+from streams.engine.processor import Processor, Stores
 from streams.kafka.topics import Topics
-from streams.processor import Processor, Stores
 from streams.settings import Settings
 from tests.test_event_time_order import PHASES, Broker, Crash, Published
 

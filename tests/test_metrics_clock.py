@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import streams.read.state_gauges as sg
 from streams.contracts.models.enums import OperationStatus
-from streams.processor import Counters, Processor, Stores
+from streams.engine.processor import Counters, Processor, Stores
+from streams.engine.state import Entry
 from streams.read.metrics import Metrics
-from streams.state import Entry
 from tests.test_processor import T0, TOPICS, env, sent, ticks
 from tests.test_state_gauges import CountingTable, played
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streams.engine.state import ExecutionStore
 from streams.kafka.offsets import AckOrder, Check, OffsetGuard
-from streams.state import ExecutionStore
 
 TP = ("t", 0)
 

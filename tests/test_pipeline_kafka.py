@@ -15,8 +15,8 @@ from streams.contracts.models.outputs import (
     ReconciliationWorkItem,
     WorkItemResolution,
 )
+from streams.engine.processor import Processor, Stores
 from streams.local.scenario import REFERENCE_AT, Tick, demo_scenario
-from streams.processor import Processor, Stores
 from tests.support import by_id, deployment, kill_hard, play, worker
 from tests.test_processor import env as envelope
 from tests.test_processor import sent

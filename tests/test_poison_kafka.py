@@ -40,10 +40,10 @@ from streams.contracts.models.outputs import (
     OperationState,
     ReconciliationWorkItem,
 )
+from streams.engine.processor import Processor, Stores
 from streams.kafka.clients import ConsumedRecord
 from streams.kafka.partitioning import partition_of
 from streams.local.scenario import Tick
-from streams.processor import Processor, Stores
 from tests.support import ROOT, Deployment, by_id, deployment, worker
 from tests.test_faults_kafka import (
     T0,

@@ -12,7 +12,7 @@ from streams.contracts.envelope import Envelope
 from streams.contracts.models.enums import AlertKind, AnomalyKind, ExecutionStatus, Severity
 from streams.contracts.models.events import ExecutionStatusChanged
 from streams.contracts.models.outputs import Alert, Anomaly, DeadLetter
-from streams.processor import MAX_TEXT, Processor, Stores, bounded
+from streams.engine.processor import MAX_TEXT, Processor, Stores, bounded
 from tests.test_processor import T0, TOPICS, env, ticks
 
 MIB = 1024 * 1024

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from streams.core.approvals import resolve_thresholds
+from streams.engine.processor import Processor, Stores
 from streams.local.scenario import Tick
 from streams.policies import PolicyError, load_policies
-from streams.processor import Processor, Stores
 from tests.test_processor import TOPICS, env, ticks
 
 DEFAULTS = dict(

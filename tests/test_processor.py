@@ -26,10 +26,10 @@ from streams.contracts.models.outputs import (
     ReconciliationWorkItem,
     WorkItemResolution,
 )
+from streams.engine.processor import Processor, Stores
+from streams.engine.scheduler import epoch_ms, from_ms
 from streams.kafka.partitioning import partition_of
 from streams.kafka.topics import Topics
-from streams.processor import Processor, Stores
-from streams.scheduler import epoch_ms, from_ms
 from streams.settings import Settings
 
 T0 = datetime(2026, 7, 26, 16, 0, tzinfo=UTC)

@@ -1,5 +1,5 @@
 """Of a batch's claims progress, only the last per input and claims partition is sent
-(``vigil_worker.pipeline.superseded``).
+(``vigil_worker.checkpoint.superseded``).
 
 Safe because a progress only ever says more than the ones before it: every progress left out
 is followed, later in the same ordered output, by one kept for the same input partition and
@@ -16,8 +16,8 @@ from streams.contracts.models.enums import OperationStatus
 from streams.contracts.models.outputs import ClaimsProgress
 from streams.core import claims as cl
 from streams.core.claims import Claim
-from streams.emission import Emission
-from vigil_worker.pipeline import superseded
+from streams.engine.emission import Emission
+from vigil_worker.checkpoint import superseded
 
 TOPIC = "vigil.idempotency-claims"
 PARTITIONS = 3

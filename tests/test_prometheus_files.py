@@ -53,9 +53,9 @@ def exported_names() -> set[str]:
     ``/metrics`` can show, from their registries: counters as ``_total`` (and ``_created``),
     histograms as ``_bucket``, ``_count`` and ``_sum``."""
     from streams.alert_bridge import BridgeStatus
+    from streams.engine.processor import Processor, Stores
     from streams.kafka.offsets import OffsetGuard
     from streams.kafka.topics import Topics
-    from streams.processor import Processor, Stores
     from streams.read.approval_index import ApprovalIndex
     from streams.read.metrics import Metrics
     from streams.read.web import _IndexCollector

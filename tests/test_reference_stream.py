@@ -7,8 +7,8 @@ import json
 from typer.testing import CliRunner
 
 from streams.contracts.models.outputs import ApprovalVerdict
+from streams.engine.processor import Processor, Stores
 from streams.local.scenario import REFERENCE_AT, REFERENCE_AUDIT, Tick, demo_scenario
-from streams.processor import Processor, Stores
 from tests.test_processor import TOPICS, env, ticks
 
 EXPECTED = {

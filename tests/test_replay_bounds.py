@@ -23,8 +23,8 @@ from streams.contracts.models.events import (
     ResumeReceipt,
 )
 from streams.contracts.models.outputs import ApprovalVerdict
+from streams.engine.processor import Processor, Stores
 from streams.local.scenario import Tick
-from streams.processor import Processor, Stores
 from streams.replay import end_ticks, in_range
 from tests.test_processor import TOPICS, env, ticks
 

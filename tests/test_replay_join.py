@@ -24,7 +24,7 @@ from streams.contracts.models.enums import (
 )
 from streams.contracts.models.events import ClockTick, OperationEvent
 from streams.contracts.models.outputs import Alert, OperationState
-from streams.emission import Emission
+from streams.engine.emission import Emission
 from streams.kafka.partitioning import partition_of
 from streams.kafka.topics import Topics
 from streams.local_join import route

@@ -1,4 +1,4 @@
-"""The event-time scheduler alone (``streams/scheduler.py``), against small reference models:
+"""The event-time scheduler alone (``streams/engine/scheduler.py``), against small reference models:
 what it releases for a watermark and in which order, what it stores as a partition's clock,
 and where the worker's table writes go (``DirectTable.writing_to``)."""
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from streams.contracts.envelope import Envelope
 from streams.core.clock import PartitionClock
-from streams.scheduler import EPOCH, Due, DueTime, HeldEvent, Scheduler, Timers, epoch_ms
+from streams.engine.scheduler import EPOCH, Due, DueTime, HeldEvent, Scheduler, Timers, epoch_ms
 from vigil_worker.changelog import DirectTable
 
 INPUTS = ("a", "b", "c")

@@ -47,8 +47,8 @@ from streams.contracts.models.enums import (
     WorkItemKind,
 )
 from streams.core.operations import resolution_id, work_item_id
+from streams.engine.processor import Stores
 from streams.kafka.clients import ConsumedRecord
-from streams.processor import Stores
 from streams.settings import Settings
 from tests.support import ROOT, Deployment, deployment, play, worker
 from tests.test_state_upgrade_worker_kafka import _clock, _names, _produce_inputs, _write_changelogs

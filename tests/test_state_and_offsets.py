@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams import compact
 from streams.core import executions as ex
 from streams.core import operations as ops
+from streams.engine import compact
+from streams.engine.state import MAX_SEEN, Entry, ExecutionStore
 from streams.kafka.offsets import AckOrder, Check, OffsetGuard
-from streams.state import MAX_SEEN, Entry, ExecutionStore
 
 # Fields hold JSON text: never the separator, and never starting with a control character
 # (a packed entry's version byte is one, which is how old uncompressed text is told apart),

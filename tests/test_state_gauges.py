@@ -8,8 +8,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from streams.engine.processor import Processor, Stores
 from streams.local.scenario import Tick, demo_scenario
-from streams.processor import Processor, Stores
 from streams.read.metrics import Metrics
 from streams.read.state_gauges import StateGauges, count_state
 from tests.test_processor import TOPICS, env, ticks
@@ -103,8 +103,8 @@ def _reference_counts(raw_entries: list[Any]) -> Any:
 
     from streams.core import approvals as ap
     from streams.core import operations as ops
+    from streams.engine.state import Entry
     from streams.read.state_gauges import StateCounts
-    from streams.state import Entry
 
     in_flight = unknown = work = 0
     oldest: float | None = None

@@ -18,11 +18,11 @@ from streams.contracts.models.base import replace
 from streams.contracts.models.enums import AlertKind, AlertStatus
 from streams.contracts.models.outputs import Alert
 from streams.core.execution import PARTS, Execution
-from streams.emission import Emission
+from streams.engine.emission import Emission
+from streams.engine.processor import Processor, Stores
+from streams.engine.state import Entry
 from streams.kafka.topics import Topics
-from streams.processor import Processor, Stores
 from streams.settings import Settings
-from streams.state import Entry
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures/state_6733ee4.json").read_text())
 

@@ -1,7 +1,7 @@
 """A worker recovers state that an earlier version wrote, on the real broker.
 
-Before entries were packed (``streams/compact.py``), the executions table logged each entry as a
-JSON string. A worker of this version must read such a changelog on start-up and carry on
+Before entries were packed (``streams/engine/compact.py``), the executions table logged each
+entry as a JSON string. A worker of this version must read such a changelog on start-up and carry on
 from it. Otherwise an upgrade would forget every execution in flight."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from streams.contracts.models.enums import ExecutionStatus
 from streams.contracts.models.outputs import ExecutionState
 from streams.core import executions as ex
+from streams.engine.state import Entry
 from streams.kafka.partitioning import partition_of
-from streams.state import Entry
 from tests.support import deployment, worker
 from tests.test_worker_kafka import T0, status
 

@@ -51,10 +51,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from bench import core
 from streams.contracts.models.events import ClockTick
 from streams.contracts.models.outputs import Anomaly, ExecutionState
-from streams.emission import record_time_ms
+from streams.engine.emission import record_time_ms
+from streams.engine.processor import Processor, Stores
 from streams.kafka.partitioning import partition_of
 from streams.kafka.topics import Topics
-from streams.processor import Processor, Stores
 from streams.settings import Settings
 from tests.support import Deployment, deployment, worker
 from tests.test_state_upgrade import assert_carries_on_like_6733ee4

@@ -28,9 +28,9 @@ from streams.contracts.models.outputs import (
     ReconciliationWorkItem,
 )
 from streams.core import trace
+from streams.engine.processor import Emission, Processor, Stores
+from streams.engine.state import SEP, Entry
 from streams.local.scenario import Tick, demo_scenario
-from streams.processor import Emission, Processor, Stores
-from streams.state import SEP, Entry
 from tests.test_processor import T0, TOPICS, env, sent, ticks
 
 HEX = "0123456789abcdef"

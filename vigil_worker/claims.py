@@ -40,13 +40,14 @@ from streams.contracts.envelope import Envelope, open_envelope
 from streams.contracts.keys import split_key
 from streams.contracts.models.outputs import ClaimsProgress, IdempotencyClaim
 from streams.core import claims as cl
-from streams.emission import Emission
-from streams.emitter import Emitter
+from streams.engine.emission import Emission
+from streams.engine.emitter import Emitter
 from streams.kafka.clients import RecordProducer
 from streams.kafka.partitioning import partition_of
 from streams.kafka.topics import Topics
 from streams.settings import Settings
 from vigil_worker.changelog import DirectTable
+from vigil_worker.consumer import seek_in_consumer_thread
 
 log = logging.getLogger("vigil.claims")
 
@@ -182,8 +183,6 @@ class ClaimsStage:
     async def _read_again(self, generation: int, batch: list[Any]) -> None:
         """A failed batch's partitions sought back to its first record of each (records
         after it in the drain's queue are read again too: the join ignores what it has)."""
-        from vigil_worker.pipeline import seek_in_consumer_thread
-
         firsts: dict[Any, int] = {}
         for msg in batch:
             firsts.setdefault(msg.tp, msg.offset)

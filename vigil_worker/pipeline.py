@@ -6,39 +6,48 @@ them: a table's changelog partition is the partition of the record that changed 
 ``Worker`` is fed whole batches by the consumer's batch drain (``vigil_worker/drain.py``) rather
 than by a per-event Faust agent (see there why). Per batch it admits each record through the offset
 guard, decodes it (``open_envelope``) and calls ``Processor.handle``; then its ``Checkpoint``
-sends the outputs, each with the timestamp of its event time, never the send time, writes the
-state and the clocks, and acknowledges the inputs, in that order.
+(``vigil_worker/checkpoint.py``) sends the outputs, each with the timestamp of its event time,
+never the send time, writes the state and the clocks, and acknowledges the inputs, in that
+order. The claims join runs beside it (``vigil_worker/claims.py``), fed by the same drain; the
+consumer plumbing (seeks, fetch sizes, offsets asked of the broker) is in
+``vigil_worker/consumer.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import faust
 from faust.types import TP
 
-from streams import flow
 from streams.contracts.codec import AvroCodec, RegistryUnavailable
 from streams.contracts.envelope import SafeAvroSchema, open_envelope
-from streams.contracts.models.outputs import ClaimsProgress
-from streams.emission import Emission
-from streams.kafka.admin import admin_client
-from streams.kafka.clients import DeliveryFailed, RecordProducer
+from streams.engine import flow
+from streams.engine.processor import Processor, Stores
+from streams.kafka.clients import RecordProducer
 from streams.kafka.offsets import AckOrder, Check, OffsetGuard
 from streams.kafka.topics import Topics
-from streams.processor import Processor, Stores
 from streams.read.feed import Feed
 from streams.read.metrics import Metrics
 from streams.read.web import register_web
 from streams.settings import Settings
-from streams.state import EntryTooLarge
 from vigil_worker.changelog import DirectTable
+from vigil_worker.checkpoint import Checkpoint, Failure, Origin, Position
 from vigil_worker.claims import ClaimsStage
+from vigil_worker.consumer import (
+    committed_offsets,
+    consumer_lag,
+    consumer_state,
+    earliest_offset,
+    install_drain,
+    max_message_bytes,
+    seek_in_consumer_thread,
+    watch_commits,
+)
 from vigil_worker.drain import BatchDrain
 from vigil_worker.fetch_pace import FetchPace, FetchSizes, apply_sizes, running_fetcher
 from vigil_worker.lease import MembershipLease
@@ -70,7 +79,7 @@ def _table(
     A table's changelog takes the table's own value serializer, chosen from ``value_type``
     (whatever the schema says). The clocks table's values are text (a clock's JSON): JSON on
     the changelog, recovered as ``str``. The executions table's values are packed entries
-    (``streams/compact.py``), bytes: ``value_type=bytes`` makes them raw on the changelog and
+    (``streams/engine/compact.py``), bytes: ``value_type=bytes`` makes them raw on the changelog and
     in RocksDB. An entry an earlier version wrote as a JSON string is recovered as the bytes
     of that string, which ``Entry.decode`` still reads. ``topic_config`` goes to the
     changelog topic when Faust creates it (its ``min.insync.replicas``)."""
@@ -86,66 +95,6 @@ def _table(
     )
 
 
-async def seek_in_consumer_thread(
-    consumer: Any, tp: Any, offset: int, still: Callable[[], bool] = lambda: True
-) -> bool:
-    """``Consumer.seek``, with aiokafka's part run on the consumer's own thread, and only if
-    the partition is still assigned there. Returns whether it sought.
-
-    Why the thread: Faust's ``Consumer.seek`` calls aiokafka's ``seek`` from the caller's
-    thread, and that drops the partition's prefetched records from the fetcher while the
-    consumer thread may be iterating over them in ``fetched_records``: the fetcher can die of
-    a ``KeyError`` and take the worker with it. Queued on the consumer thread, the seek runs
-    between two fetches.
-
-    Why the check: the caller decided to seek before an ``await``; a rebalance may have taken
-    the partition away since, and aiokafka raises ``IllegalStateError`` for a partition it no
-    longer holds. Checked on the consumer thread, where the rebalance runs, the check and the
-    seek cannot be split by one. A partition that moved is its new owner's to read.
-    """
-    thread = getattr(consumer, "_thread", None)
-    if thread is None or not hasattr(thread, "call_thread"):
-        if tp not in consumer.assignment():
-            return False
-        await consumer.seek(tp, offset)
-        return True
-
-    def seek_if_assigned() -> bool:
-        # ``still``: no rebalance since the seek was decided (a stale offset sought after one
-        # would hand over records the new generation's owner may have committed since)
-        if not still() or tp not in thread.assignment():
-            return False
-        thread.seek(tp, offset)
-        return True
-
-    if not await thread.call_thread(seek_if_assigned):
-        return False
-    # what ``Consumer.seek`` does after its ``_seek``: the records come again from ``offset``
-    consumer._read_offset[TP(tp.topic, tp.partition)] = offset if offset else None
-    return True
-
-
-def superseded(emissions: list[Emission]) -> set[int]:
-    """The indexes of the claims progress records a later one of the same batch supersedes:
-    same input partition, same claims partition. A progress says that every claim of its
-    input partition stamped before its watermark is written before it; the last one of a
-    batch comes after every claim the earlier ones covered and says more, so the join loses
-    nothing but the wait for it (it decides a little later, within the batch, and finds
-    fewer claims late). The processor gives one per watermark move, up to hundreds a batch
-    when one input topic is read ahead of the others: each to every claims partition."""
-    last: dict[tuple[int, int | None], int] = {}
-    skip: set[int] = set()
-    for i, em in enumerate(emissions):
-        record = em.record
-        if type(record) is ClaimsProgress:
-            where = (record.source_partition, em.partition)
-            before = last.get(where)
-            if before is not None:
-                skip.add(before)
-            last[where] = i
-    return skip
-
-
 async def survive_round(
     what: str, round_: Callable[[], Awaitable[None]], failed: Callable[[], None]
 ) -> None:
@@ -159,173 +108,6 @@ async def survive_round(
     except Exception:
         log.warning("%s: a round failed; the next one runs as usual", what, exc_info=True)
         failed()
-
-
-class Position(NamedTuple):
-    """An input record's coordinates."""
-
-    topic: str
-    partition: int
-    offset: int
-
-
-class Origin(NamedTuple):
-    """Where the outputs of one input start among a batch's emissions."""
-
-    first: int
-    position: Position
-
-
-class Failure(NamedTuple):
-    """How many failed batches an input was part of the cause of, and the last error."""
-
-    count: int
-    error: str
-
-
-class Checkpoint:
-    """What one batch leaves to make durable, made durable in the order that makes it safe
-    (``commit``):
-
-    0. the state (execution entries) packed into changelog records, each checked against
-       the largest record the changelog takes, before anything leaves: a batch whose state
-       could never be stored publishes nothing, so no output describes a state that is not
-       stored;
-    1. the outputs, delivered to the broker;
-    2. then the state that says they were published, delivered;
-    3. then the partition clocks, with how far each input is processed, delivered;
-    4. then the inputs acknowledged, so that Faust may commit their offsets.
-
-    A crash between two steps leaves the earlier ones done and the later ones not: the inputs
-    come again, find their outputs published and their state either stored (skipped as
-    redelivered) or not (applied again, with the same result). Before steps 1 to 3 the worker
-    checks it still owns the batch's partitions (``Worker.still_owner``), and step 4 is
-    skipped after a rebalance: a rebalance in between drops the rest.
-    """
-
-    def __init__(self, worker: Worker, generation: int) -> None:
-        self.worker = worker
-        self.generation = generation
-        #: what the batch's inputs produced, in order
-        self.emissions: list[Emission] = []
-        #: which input each output came from, in order
-        self.origins: list[Origin] = []
-        #: the partitions of the batch's inputs: only their clocks are stored
-        self.partitions: set[int] = set()
-        #: the value of each output as sent (step 1), for the feed
-        self.sent: list[bytes] = []
-
-    def origin(self, index: int) -> Position:
-        """The input the ``index``-th emission came from."""
-        i = bisect.bisect_right(self.origins, index, key=lambda o: o.first) - 1
-        return self.origins[i].position
-
-    async def commit(self, consumer: Any) -> bool:
-        """The four steps, in order. False, the rest left undone, when the worker no longer
-        owns the batch."""
-        still_owner, generation = self.worker.still_owner, self.generation
-        self.prepare_state()
-        if self.emissions:
-            if not await still_owner(generation):
-                return False
-            await self.deliver_outputs()
-        if not await still_owner(generation):
-            return False
-        await self.store_state()
-        if not await still_owner(generation):
-            return False
-        ready = await self.store_clocks()
-        if self.worker.generation == generation:
-            # (else a rebalance came during the send: its forget() dropped what would be
-            # acknowledged, and pausing now could pause a partition this worker lost; the
-            # records come again, and the clock, if stored, says they are processed)
-            self.acknowledge(consumer, ready)
-        return True
-
-    async def deliver_outputs(self) -> None:
-        """1. Every output sent, then waited for until the broker has them all. An output
-        refused, before it left or by the broker, counts against the input it came from.
-
-        Of the claims progress an input partition sent to one claims partition, only the last
-        of the batch goes out (``superseded``); the others are recorded as sent empty."""
-        worker = self.worker
-        send, sent = worker.outputs.send_emission, self.sent
-        skip = superseded(self.emissions)
-        record: Any = None
-        value: bytes | None = None
-        for i, em in enumerate(self.emissions):
-            if i in skip:
-                sent.append(b"")
-                continue
-            try:
-                # a record sent to every partition (a claims progress) is encoded once
-                value = send(em, value if em.record is record else None)
-                record = em.record
-                sent.append(value)
-            except Exception as exc:  # refused before it left (too large, unencodable)
-                worker.failed_on(self.origin(i), exc)
-                raise
-        try:
-            await asyncio.to_thread(worker.outputs.flush, 60.0)
-        except DeliveryFailed as exc:
-            index = {
-                (em.topic, value): i
-                for i, (em, value) in enumerate(zip(self.emissions, sent, strict=True))
-            }
-            for topic, value, error in exc.failed:
-                i = index.get((topic, value))
-                if i is not None:
-                    worker.failed_on(self.origin(i), RuntimeError(error))
-            raise
-        worker.approval_index.note(em.record for em in self.emissions)  # ahead of the table
-
-    def prepare_state(self) -> None:
-        """0. The execution entries the batch changed, each written to its partition's
-        changelog records (sent in step 2) and to the table's overlay. An entry larger than a
-        changelog record can carry raises ``EntryTooLarge``, blamed on the last input it applied:
-        the batch fails before any of it is published, and that input is quarantined once it
-        has failed ``VIGIL_MAX_RECORD_FAILURES`` batches. (The processor keeps entries below
-        ``VIGIL_MAX_ENTRY_BYTES``, far below that limit: this is the last line.)"""
-        worker = self.worker
-        processor, executions = worker.processor, worker.executions
-        for p in processor.state.dirty_partitions():
-            with executions.writing_to(p):
-                try:
-                    processor.flush(p, worker.entry_limit)
-                except EntryTooLarge as exc:
-                    if exc.last is not None:
-                        rank, partition, offset = exc.last
-                        position = Position(processor.input_names[rank], partition, offset)
-                        worker.failed_on(position, exc)
-                    raise
-
-    async def store_state(self) -> None:
-        """2. The execution entries the batch changed (``prepare_state``), delivered."""
-        await self.worker.executions.send(self.worker.app.producer)
-
-    async def store_clocks(self) -> list[Any]:
-        """3. The clocks of the batch's partitions, with how far each input is processed (the
-        records now acknowledged in offset order), delivered. Returns those records."""
-        worker = self.worker
-        processor, ack_order = worker.processor, worker.ack_order
-        for done in processor.drain_done():
-            ack_order.finish(done)
-        ready = ack_order.release()
-        for msg in ready:  # in offset order per partition: the last one is the furthest
-            processor.acknowledged(msg.topic, msg.partition, msg.offset + 1)
-        for p in list(processor.dirty_partitions()):
-            if p in self.partitions:
-                with worker.clocks.writing_to(p):
-                    processor.flush_clocks(p)
-        await worker.clocks.send(worker.app.producer)
-        return ready
-
-    def acknowledge(self, consumer: Any, ready: list[Any]) -> None:
-        """4. The records acknowledged: Faust may commit their offsets. Then the inputs that
-        run ahead are paused (``Worker.hold_back``)."""
-        for msg in ready:
-            consumer.ack(msg)
-        self.worker.hold_back(consumer)
 
 
 class Worker:
@@ -375,7 +157,7 @@ class Worker:
         self.feed = Feed(codec.decode)
         self.guard = OffsetGuard()
         self.ack_order = AckOrder()
-        self.metrics = Metrics(self.processor, lambda: _lag(app), self.guard)
+        self.metrics = Metrics(self.processor, lambda: consumer_lag(app), self.guard)
         self.approval_index = register_web(app, self.processor, self.feed, settings, self.metrics)
         self.lease = MembershipLease(float(app.conf.broker_session_timeout))
         #: the inputs that caused failed batches: one that fails ``VIGIL_MAX_RECORD_FAILURES``
@@ -426,7 +208,7 @@ class Worker:
         the rebalance signals."""
         app, settings, metrics = self.app, self.settings, self.metrics
         app.topics.add(self.source)
-        _install_drain(
+        install_drain(
             app,
             self.drain,
             settings.fetch_min_bytes,
@@ -583,7 +365,7 @@ class Worker:
             if not guard.knows(key)
         ]
         if unknown:
-            starts = await asyncio.to_thread(_committed_offsets, self.settings, unknown)
+            starts = await asyncio.to_thread(committed_offsets, self.settings, unknown)
             if self.generation != generation:
                 return False
             for key, offset in starts.items():
@@ -593,7 +375,7 @@ class Worker:
             self.entry_limit_read = True
             topic = self.executions.table.changelog_topic.get_topic_name()
             try:
-                taken = await asyncio.to_thread(_max_message_bytes, self.settings, topic)
+                taken = await asyncio.to_thread(max_message_bytes, self.settings, topic)
             except Exception:  # the producer's own limit still holds
                 log.warning("could not read max.message.bytes of %s", topic, exc_info=True)
                 taken = None
@@ -704,7 +486,7 @@ class Worker:
     # -- flow -----------------------------------------------------------------------------
     def hold_back(self, consumer: Any) -> None:
         """Stop reading input topic partitions that run ahead in event time, read them again
-        when their waiting events drain (``streams/flow.py``)."""
+        when their waiting events drain (``streams/engine/flow.py``)."""
         processor, paused, metrics = self.processor, self.paused, self.metrics
         pause, resume = flow.hold_back(
             processor.held_by,
@@ -758,7 +540,7 @@ class Worker:
         tp = (msg.topic, msg.partition)
         self.arrived[tp] = time.monotonic()
         if not guard.knows(tp):
-            start = await asyncio.to_thread(_committed_offsets, self.settings, [tp])
+            start = await asyncio.to_thread(committed_offsets, self.settings, [tp])
             if not guard.knows(tp):
                 self.start_guard(tp, start[tp])
         return await self.admitted(msg, self.offset_check(msg), generation)
@@ -786,7 +568,7 @@ class Worker:
             log.error("offsets %s..%s of %s were never delivered: accepted", *tp, msg.offset)
             return True
         if check is Check.SEEK:
-            earliest = await asyncio.to_thread(_earliest_offset, settings, tp)
+            earliest = await asyncio.to_thread(earliest_offset, settings, tp)
             if guard.give_up(tp, earliest):
                 log.error("%s[%s]: offsets below %s were deleted before processing", *tp, earliest)
                 if guard.check(tp, msg.offset, retry=True) in (Check.NEXT, Check.AGAIN):
@@ -841,7 +623,7 @@ class Worker:
         ends = await consumer.highwaters(*idle)
         unknown = [(tp.topic, tp.partition) for tp in idle if not guard.knows(tp)]
         starts = (
-            await asyncio.to_thread(_committed_offsets, self.settings, unknown) if unknown else {}
+            await asyncio.to_thread(committed_offsets, self.settings, unknown) if unknown else {}
         )
         if self.generation != generation:
             return
@@ -866,44 +648,6 @@ class Worker:
                     guard.seeks += 1
 
 
-def consumer_state(app: Any, tp: Any) -> str:
-    """What Faust and aiokafka say of a partition that gets no records: the watchdog's
-    warning carries it, for a stall that seeking back does not end."""
-    consumer = app.consumer
-    parts = [
-        f"flow_active={getattr(consumer, 'flow_active', '?')}",
-        f"faust_paused={tp in getattr(consumer, '_paused_partitions', ())}",
-        f"faust_active={tp in (getattr(consumer, '_active_partitions', None) or ())}",
-        f"buffered={tp in getattr(consumer, '_buffered_partitions', ())}",
-        f"read_offset={getattr(consumer, '_read_offset', {}).get(tp)}",
-        f"in_recovery={getattr(app, 'in_recovery', '?')}",
-        f"rebalancing={getattr(app, 'rebalancing', '?')}",
-    ]
-    try:
-        recovery = app.tables.recovery
-        parts.append(f"recovery_completed={recovery.completed.is_set()}")
-        parts.append(f"recovery_remaining={recovery.active_remaining_total()}")
-    except Exception as exc:
-        parts.append(f"recovery=?({exc!r})")
-    thread = getattr(consumer, "_thread", None)
-    kafka_consumer = getattr(thread, "_consumer", None)
-    subscription = getattr(kafka_consumer, "_subscription", None)
-    try:
-        state = subscription.subscription.assignment.state_value(tp)
-        parts.append(
-            f"aiokafka_paused={state.paused} has_position={state.has_valid_position} "
-            f"position={state._position if state.has_valid_position else None} "
-            f"awaiting_reset={state.awaiting_reset}"
-        )
-    except Exception as exc:
-        parts.append(f"aiokafka=?({exc!r})")
-    fetcher = getattr(kafka_consumer, "_fetcher", None)
-    records = getattr(fetcher, "_records", None)
-    if records is not None:
-        parts.append(f"prefetched={tp in records}")
-    return " ".join(parts)
-
-
 def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     """The worker's pipeline on ``app``; returns its processor."""
     worker = Worker(app, settings, codec)
@@ -912,169 +656,3 @@ def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:
     )
     worker.claims.run_on(worker.drain.side_batches)
     return worker.processor
-
-
-def _install_drain(
-    app: faust.App,
-    drain: BatchDrain,
-    fetch_min_bytes: int,
-    fetch_max_wait_ms: int,
-    lease: MembershipLease | None = None,
-) -> None:
-    """Give the worker's consumer the batch drain, its fetch sizes and the membership lease,
-    whenever Faust creates it."""
-
-    def install(consumer: Any) -> None:
-        drain.install(consumer)
-        tune_fetch(consumer, fetch_min_bytes, fetch_max_wait_ms)
-        if lease is not None:
-            watch_membership(consumer, lease)
-
-    if app._consumer is not None:
-        install(app._consumer)
-        return
-    new_consumer = app._new_consumer
-
-    def _new_consumer() -> Any:
-        consumer = new_consumer()
-        install(consumer)
-        return consumer
-
-    app._new_consumer = _new_consumer  # type: ignore[method-assign]
-
-
-def tune_fetch(consumer: Any, min_bytes: int, max_wait_ms: int) -> None:
-    """Set the fetch sizes of the aiokafka consumer that Faust's consumer thread will create.
-
-    Why: Faust builds it with ``fetch_min_bytes=1`` and ``fetch_max_wait_ms=1500`` and has no
-    setting for either (``VIGIL_FETCH_MIN_BYTES``, ``VIGIL_FETCH_MAX_WAIT``). The thread makes
-    the consumer in ``_create_worker_consumer`` and starts it at once; the values are set in
-    between, where aiokafka reads them to build its fetcher."""
-    thread = getattr(consumer, "_thread", None)
-    create = getattr(thread, "_create_worker_consumer", None)
-    if create is None:
-        return
-
-    def _create_worker_consumer(transport: Any) -> Any:
-        kafka_consumer = create(transport)
-        kafka_consumer._fetch_min_bytes = min_bytes
-        kafka_consumer._fetch_max_wait_ms = max_wait_ms
-        return kafka_consumer
-
-    thread._create_worker_consumer = _create_worker_consumer
-
-
-def watch_commits(consumer: Any, confirm: Callable[[tuple[str, int], int], None]) -> None:
-    """Report every commit of Faust's ``consumer`` the broker accepted to ``confirm``
-    (once per consumer: the wrapper marks itself). Faust's ``_commit_offsets`` calls
-    ``_commit`` and records the offsets as committed whatever it returned."""
-    original = getattr(consumer, "_commit", None)
-    if original is None or getattr(original, "_vigil_confirms", False):
-        return
-
-    async def _commit(offsets: Any) -> bool:
-        done = await original(offsets)
-        if done:
-            for tp, offset in offsets.items():
-                confirm((tp.topic, tp.partition), offset)
-        return bool(done)
-
-    _commit._vigil_confirms = True  # type: ignore[attr-defined]
-    consumer._commit = _commit
-
-
-def watch_membership(consumer: Any, lease: MembershipLease) -> None:
-    """Renew ``lease`` from the heartbeats of the aiokafka consumer Faust's consumer thread
-    creates: its group coordinator exists once that consumer has started."""
-    thread = getattr(consumer, "_thread", None)
-    create = getattr(thread, "_create_worker_consumer", None)
-    if create is None:
-        return
-
-    def _create_worker_consumer(transport: Any) -> Any:
-        kafka_consumer = create(transport)
-        start = kafka_consumer.start
-
-        async def start_and_watch() -> None:
-            await start()
-            coordinator = getattr(kafka_consumer, "_coordinator", None)
-            if coordinator is not None:
-                lease.watch(coordinator)
-
-        kafka_consumer.start = start_and_watch
-        return kafka_consumer
-
-    thread._create_worker_consumer = _create_worker_consumer
-
-
-def _committed_offsets(
-    settings: Settings, tps: list[tuple[str, int]]
-) -> dict[tuple[str, int], int]:
-    """The group's committed offsets from the broker (the log start where none is).
-
-    Asked through a consumer of the group that never subscribes (so it never joins), not an
-    admin client: librdkafka answers an OffsetFetch that meets a coordinator still loading
-    its groups (NOT_COORDINATOR, as just after a broker restart) by asking the client's
-    consumer group to look for the coordinator again, and an admin client has none: the
-    process died of a segfault (confluentinc/librdkafka#5315, open in 2.16)."""
-    from confluent_kafka import Consumer, KafkaException
-    from confluent_kafka import TopicPartition as CTP
-
-    consumer = Consumer(
-        settings.confluent_conf() | {"group.id": settings.app_id, "enable.auto.commit": False}
-    )
-    try:
-        committed = consumer.committed([CTP(t, p) for t, p in tps], timeout=30)
-    finally:
-        consumer.close()
-    failed = [tp for tp in committed if tp.error is not None]
-    if failed:  # never taken for "nothing committed": that would read the partition again
-        raise KafkaException(failed[0].error)
-    out = {(tp.topic, tp.partition): tp.offset for tp in committed}
-    never = [key for key, offset in out.items() if offset < 0]
-    if never:
-        out.update(_earliest_offsets(settings, never))
-    return out
-
-
-def _max_message_bytes(settings: Settings, topic: str) -> int | None:
-    """The topic's ``max.message.bytes``, as the broker reports it (None: not set)."""
-    from confluent_kafka.admin import ConfigResource, ResourceType
-
-    resource = ConfigResource(ResourceType.TOPIC, topic)
-    admin = admin_client(settings)  # held until the answer: a dropped client cancels it
-    entry = admin.describe_configs([resource])[resource].result(timeout=30).get("max.message.bytes")
-    return int(entry.value) if entry is not None and entry.value else None
-
-
-def _earliest_offset(settings: Settings, tp: tuple[str, int]) -> int:
-    return _earliest_offsets(settings, [tp])[tp]
-
-
-def _earliest_offsets(settings: Settings, tps: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
-    """The log start offsets (where a group with no committed offset begins)."""
-    from confluent_kafka import Consumer
-    from confluent_kafka import TopicPartition as CTP
-
-    c = Consumer(settings.confluent_conf() | {"group.id": f"{settings.app_id}-offsets"})
-    try:
-        return {tp: c.get_watermark_offsets(CTP(*tp), timeout=30)[0] for tp in tps}
-    finally:
-        c.close()
-
-
-def _lag(app: faust.App) -> dict[tuple[str, int], int]:
-    """Records between the consumer's position and the log end, per input partition."""
-    out: dict[tuple[str, int], int] = {}
-    consumer = getattr(app, "consumer", None)
-    if consumer is None:
-        return out
-    try:
-        for tp in consumer.assignment():
-            high = consumer.highwater(tp)
-            last = consumer._committed_offset.get(tp)
-            if high is not None and last is not None:
-                out[(tp.topic, tp.partition)] = max(0, high - last)
-    except Exception:  # metrics must never take the worker down
-        log.debug("lag unavailable", exc_info=True)
-    return out

@@ -21,7 +21,7 @@ from typing import Any
 
 
 def _install(path: str) -> None:
-    from streams.processor import Emission, Processor
+    from streams.engine.processor import Emission, Processor
 
     with open(path, "rb") as f:
         outputs: dict[tuple[str, int, int], list[Emission]] = pickle.load(f)

@@ -33,7 +33,7 @@ that falls outside these bounds is reported as an anomaly and not applied:
   leaves room for any real one; the free text is for people and 8 KiB is several paragraphs.
   A longer field is a VALUE_TOO_LARGE anomaly naming the field and its length. The bound is
   per field; what many inputs add up to in one entry is bounded by the shell
-  (``VIGIL_MAX_ENTRY_BYTES``, ``streams.processor``). ``traceparent`` is exempt: it is
+  (``VIGIL_MAX_ENTRY_BYTES``, ``streams.engine.processor``). ``traceparent`` is exempt: it is
   checked for its exact layout and dropped when malformed (``streams.core.trace``).
 - other numbers need no bound: ``sequence`` (a long) and ``attempt`` (an int, at least 1) are
   only compared, never added to a time nor narrowed; a tick's ``partition`` is informative (the

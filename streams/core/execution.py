@@ -1,7 +1,7 @@
 """One execution as one aggregate: its lifecycle, its operation book and its approval book.
 
 Why one object: everything an input changes about an execution lives in one table entry (see
-``streams.state``), and the three parts depend on each other. The published execution state
+``streams.engine.state``), and the three parts depend on each other. The published execution state
 lists the operations and approvals still open, so a change to either book may publish a new
 state. Kept apart, every input loaded the slot and the two books field by field, several times,
 to find out. Here the shell loads the aggregate once per input, calls one method, and stores

@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from streams.contracts.codec import AvroCodec, DecodeError
 from streams.contracts.models.base import Record
 from streams.contracts.models.events import ClockTick
-from streams.emission import Emission, record_time_ms
+from streams.engine.emission import Emission, record_time_ms
 from streams.settings import Settings
 
 

@@ -46,8 +46,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from streams.contracts.models.outputs import ApprovalVerdict
+from streams.engine.state import Entry
 from streams.kafka.partitioning import partition_of
-from streams.state import Entry
 
 log = logging.getLogger("vigil.approval_index")
 

@@ -28,8 +28,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from streams.engine.processor import Processor
 from streams.kafka.offsets import OffsetGuard
-from streams.processor import Processor
 from streams.read.state_gauges import StateGauges
 
 

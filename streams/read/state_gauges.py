@@ -32,7 +32,7 @@ from typing import Any
 from streams.contracts.models.enums import OperationStatus
 from streams.core import operations as ops
 from streams.core.approvals import CLOSED_VERDICTS
-from streams.state import Entry
+from streams.engine.state import Entry
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from yarl import URL
 
 from streams.core.approvals import ApprovalBook
-from streams.processor import Processor
+from streams.engine.processor import Processor
 from streams.read.approval_index import ApprovalIndex
 from streams.read.feed import Feed
 from streams.read.metrics import Metrics

@@ -45,7 +45,7 @@ from confluent_kafka import KafkaError, Producer
 
 from streams.contracts.codec import AvroCodec, RegistryUnavailable
 from streams.contracts.models.base import Record
-from streams.emission import record_time_ms
+from streams.engine.emission import record_time_ms
 from streams.recorder.spool import Spool, line_of
 
 log = logging.getLogger("vigil.recorder")

@@ -25,7 +25,7 @@ REFUSED = "injected output refusal"
 
 
 def _raise_on(event_id: str) -> None:
-    from streams.processor import Processor
+    from streams.engine.processor import Processor
 
     for name in ("_on_input",):
         apply = getattr(Processor, name)

@@ -21,7 +21,7 @@ execution was told of other executions' attempts under its idempotency keys
 (``streams.core.cross``, JSON), only when there is any (the sixth is then empty if need be);
 an eighth, the ends of alerts still firing that end at a known instant (ANOMALY alerts,
 ``streams.core.alerts``, JSON), only when there are any (the sixth and seventh are then empty
-if need be). The table stores that text compressed (``streams/compact.py``), and reads
+if need be). The table stores that text compressed (``streams/engine/compact.py``), and reads
 uncompressed text as it is.
 
 The slots and the operation book are written in format 2: JSON arrays with times in epoch
@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMappin
 from dataclasses import dataclass, field
 from typing import Any
 
-from streams import compact
+from streams.engine import compact
 
 SEP = "\x1e"
 FIELDS = ("inflight", "closed", "operations", "approvals")

@@ -64,7 +64,7 @@ DICTIONARY_V1 = (
 )
 
 # The same for entries whose slots and operation book are format 2 (JSON arrays, epoch
-# milliseconds: ``streams.state``); the approval book's JSON as in ``DICTIONARY_V1``.
+# milliseconds: ``streams.engine.state``); the approval book's JSON as in ``DICTIONARY_V1``.
 DICTIONARY_V2 = (
     DICTIONARY_V1[: DICTIONARY_V1.index(b'"dirty":[]}\x1e') + len(b'"dirty":[]}\x1e')]
     + b'["c","ex-0000000","COMPLETED",1767225600000,9,"ex-0000000-s9"]\x1e'

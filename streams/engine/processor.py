@@ -4,11 +4,11 @@ It decodes nothing and sends nothing itself. The worker (``vigil_worker/pipeline
 ``Envelope`` and sends the ``Emission``s it returns; the replay path and tests drive it the
 same way with plain dicts as stores. Three parts, each in its own module:
 
-- the scheduler (``streams/scheduler.py``) holds each event until its partition's watermark
+- the scheduler (``streams/engine/scheduler.py``) holds each event until its partition's watermark
   passes its time and says when each execution's deadlines fall;
 - the handler (this class) checks what the core cannot check (keys, stream time), loads an
   execution's state, calls the pure core (``streams/core/``) and stores what it returned;
-- the emitter (``streams/emitter.py``) turns the core's output records, and the anomalies and
+- the emitter (``streams/engine/emitter.py``) turns the core's output records, and the anomalies and
   dead letters about inputs, into ``Emission``s with their topic, key and headers.
 
 Stream time and decisions: a partition's watermark is the minimum over the input topics of
@@ -44,8 +44,8 @@ from streams.core.bounds import out_of_domain, text_bounds
 from streams.core.clock import PartitionClock
 from streams.core.execution import UNLOADED, Execution, Orphan, Refusal, Rules, Step, Verdict
 from streams.core.findings import AnomalyFinding
-from streams.emission import Emission
-from streams.emitter import (
+from streams.engine.emission import Emission
+from streams.engine.emitter import (
     EARLIEST_PLAUSIBLE,
     MAX_TEXT,
     Counters,
@@ -55,11 +55,20 @@ from streams.emitter import (
     bounded_or_none,
     log_time,
 )
+from streams.engine.scheduler import (
+    EPOCH,
+    ONE_MS,
+    Due,
+    DueTime,
+    Scheduler,
+    Timers,
+    epoch_ms,
+    from_ms,
+)
+from streams.engine.state import ExecutionStore, Position
 from streams.kafka.partitioning import partition_of
 from streams.kafka.topics import Topics
-from streams.scheduler import EPOCH, ONE_MS, Due, DueTime, Scheduler, Timers, epoch_ms, from_ms
 from streams.settings import Settings
-from streams.state import ExecutionStore, Position
 
 __all__ = ["MAX_TEXT", "Counters", "Emission", "Processor", "Stores", "alert_headers", "bounded"]
 
@@ -100,7 +109,7 @@ def input_growth(record: Record) -> int:
 class Stores:
     """The worker's tables (Faust tables live; dicts in tests and replays)."""
 
-    #: execution id -> everything known of it (``streams.state.Entry``, encoded): its slot,
+    #: execution id -> everything known of it (``streams.engine.state.Entry``, encoded): its slot,
     #: operations, approvals and the inputs it has applied, in one atomic record.
     executions: Store = field(default_factory=dict)
     #: partition number (as text) -> PartitionClock, saved whenever its watermark moves, so

@@ -31,7 +31,7 @@ from streams.contracts.models.outputs import (
 from streams.core import trace
 from streams.core.findings import AnomalyFinding
 from streams.core.ids import deterministic_id, scoped_key
-from streams.emission import Emission
+from streams.engine.emission import Emission
 from streams.kafka.topics import Topics
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
