@@ -3,7 +3,8 @@
 The drain runs against a real Faust consumer in every Kafka test (tests/test_pipeline_kafka.py,
 tests/test_faults_kafka.py); here a consumer that replays scripted ``getmany`` results checks
 what those tests cannot pin down: batch size and wait, records below Faust's read offset,
-other topics going through Faust's callback, and batches dropped across a rebalance.
+other topics going through Faust's callback, the claims topic's batches in a queue of their
+own, and batches dropped across a rebalance.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from faust.types import TP
 from vigil_worker.drain import BatchDrain
 
 INPUT = "in"
+CLAIMS = "claims"
 
 
 @dataclass
@@ -106,19 +108,38 @@ async def _drain(
     generation: list[int] | None = None,
     on_fetch: Any = None,
 ) -> tuple[list[tuple[int, list[tuple[int, int]]]], ScriptedConsumer]:
+    got, _, consumer = await _drain_both(
+        fetches, size=size, wait=wait, run_for=run_for, generation=generation, on_fetch=on_fetch
+    )
+    return got, consumer
+
+
+async def _drain_both(
+    fetches: list[list[Msg]],
+    *,
+    size: int = 500,
+    wait: float = 0.05,
+    run_for: float = 0.3,
+    generation: list[int] | None = None,
+    on_fetch: Any = None,
+) -> tuple[list[Any], list[Any], ScriptedConsumer]:
+    """The input batches and the claims (side) batches the drain handed over."""
     gen = generation if generation is not None else [0]
-    drain = BatchDrain([INPUT], lambda: gen[0], batch_size=size, batch_wait=wait, depth=100)
+    drain = BatchDrain(
+        [INPUT], lambda: gen[0], batch_size=size, batch_wait=wait, depth=100, side=[CLAIMS]
+    )
     consumer = ScriptedConsumer(fetches, on_fetch=on_fetch)
     fetcher = type("Fetcher", (), {"_stopped": _Flag()})()
     task = asyncio.ensure_future(drain.run(consumer, fetcher))
     await asyncio.sleep(run_for)
     consumer._stopped.set = True
     await asyncio.wait_for(task, 2)
-    got = []
-    while not drain.queue.empty():
-        g, batch = drain.queue.get_nowait()
-        got.append((g, [(m.partition, m.offset) for m in batch]))
-    return got, consumer
+    queued: list[list[Any]] = [[], []]
+    for out, queue in zip(queued, (drain.queue, drain.side_queue), strict=True):
+        while not queue.empty():
+            g, batch = queue.get_nowait()
+            out.append((g, [(m.partition, m.offset) for m in batch]))
+    return queued[0], queued[1], consumer
 
 
 def _msgs(partition: int, offsets: range, topic: str = INPUT) -> list[Msg]:
@@ -160,6 +181,32 @@ def test_other_topics_go_through_fausts_callback_not_into_batches() -> None:
         ("app-executions-changelog", o) for o in range(3)
     ]
     assert got == [(0, [(0, 0), (0, 1)])]
+
+
+def test_the_claims_topic_goes_to_its_own_queue_in_batches_of_its_own() -> None:
+    claims = _msgs(1, range(0, 12), topic=CLAIMS)
+    inputs, side, consumer = asyncio.run(
+        _drain_both([claims[:5] + _msgs(0, range(0, 3)) + claims[5:]], size=10, wait=0.0)
+    )
+    assert inputs == [(0, [(0, 0), (0, 1), (0, 2)])]
+    assert side == [(0, [(1, o) for o in range(10)]), (0, [(1, 10), (1, 11)])]
+    assert consumer.callback_got == []
+
+
+def test_claims_being_gathered_across_a_rebalance_are_dropped() -> None:
+    gen = [0]
+    fetches = [_msgs(0, range(0, 2), topic=CLAIMS), _msgs(0, range(2, 4), topic=CLAIMS)]
+
+    def rebalance_on_the_second_fetch(fetch: list[Msg]) -> None:
+        if fetch and fetch[0].offset == 2:
+            gen[0] += 1
+
+    inputs, side, _ = asyncio.run(
+        _drain_both(
+            fetches, wait=0.5, run_for=1.0, generation=gen, on_fetch=rebalance_on_the_second_fetch
+        )
+    )
+    assert inputs == [] and side == []
 
 
 def test_a_partial_batch_from_before_a_rebalance_is_dropped() -> None:

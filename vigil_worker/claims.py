@@ -57,7 +57,7 @@ WATERMARKS_KEY = "\x00watermarks/"
 
 
 class ClaimsStage:
-    """The agent, its table and its producer (see the module docstring)."""
+    """The stage, its table and its producer (see the module docstring)."""
 
     def __init__(
         self,
@@ -72,7 +72,6 @@ class ClaimsStage:
         self.partitions = settings.partitions
         self.grace_ms = grace // timedelta(milliseconds=1)
         spec = topics.idempotency_claims
-        self.topic = spec.name
         self.allowed = {spec.name: spec.value_types}
         self.links_topic = topics.retry_links.name
         #: the worker's rebalance generation: a batch fetched in an older one is dropped
@@ -117,7 +116,7 @@ class ClaimsStage:
         self.dead_letters = 0
         self.batches = 0
         #: the batch under way: books and watermarks as its records left them, and the
-        #: partition of each that changed (``_begin``)
+        #: partition of each that changed (``handle_batch``)
         self._books: dict[str, cl.KeyBook | None] = {}
         self._marks: dict[int, cl.Watermarks] = {}
         self._changed: dict[str, int] = {}

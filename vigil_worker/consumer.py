@@ -138,18 +138,12 @@ def tune_fetch(consumer: Any, min_bytes: int, max_wait_ms: int) -> None:
     setting for either (``VIGIL_FETCH_MIN_BYTES``, ``VIGIL_FETCH_MAX_WAIT``). The thread makes
     the consumer in ``_create_worker_consumer`` and starts it at once; the values are set in
     between, where aiokafka reads them to build its fetcher."""
-    thread = getattr(consumer, "_thread", None)
-    create = getattr(thread, "_create_worker_consumer", None)
-    if create is None:
-        return
 
-    def _create_worker_consumer(transport: Any) -> Any:
-        kafka_consumer = create(transport)
+    def sized(kafka_consumer: Any) -> None:
         kafka_consumer._fetch_min_bytes = min_bytes
         kafka_consumer._fetch_max_wait_ms = max_wait_ms
-        return kafka_consumer
 
-    thread._create_worker_consumer = _create_worker_consumer
+    on_new_kafka_consumer(consumer, sized)
 
 
 def watch_commits(consumer: Any, confirm: Callable[[tuple[str, int], int], None]) -> None:
@@ -174,13 +168,8 @@ def watch_commits(consumer: Any, confirm: Callable[[tuple[str, int], int], None]
 def watch_membership(consumer: Any, lease: MembershipLease) -> None:
     """Renew ``lease`` from the heartbeats of the aiokafka consumer Faust's consumer thread
     creates: its group coordinator exists once that consumer has started."""
-    thread = getattr(consumer, "_thread", None)
-    create = getattr(thread, "_create_worker_consumer", None)
-    if create is None:
-        return
 
-    def _create_worker_consumer(transport: Any) -> Any:
-        kafka_consumer = create(transport)
+    def watched(kafka_consumer: Any) -> None:
         start = kafka_consumer.start
 
         async def start_and_watch() -> None:
@@ -190,6 +179,22 @@ def watch_membership(consumer: Any, lease: MembershipLease) -> None:
                 lease.watch(coordinator)
 
         kafka_consumer.start = start_and_watch
+
+    on_new_kafka_consumer(consumer, watched)
+
+
+def on_new_kafka_consumer(consumer: Any, adjust: Callable[[Any], None]) -> None:
+    """Call ``adjust`` on every aiokafka consumer Faust's consumer thread creates for
+    ``consumer``, between its creation (``_create_worker_consumer``) and its start. Nothing
+    when Faust's consumer has no such thread (a stand-in)."""
+    thread = getattr(consumer, "_thread", None)
+    create = getattr(thread, "_create_worker_consumer", None)
+    if create is None:
+        return
+
+    def _create_worker_consumer(transport: Any) -> Any:
+        kafka_consumer = create(transport)
+        adjust(kafka_consumer)
         return kafka_consumer
 
     thread._create_worker_consumer = _create_worker_consumer

@@ -163,15 +163,14 @@ class BatchDrain:
                         if commit_every is not None and consumer._n_acked >= commit_every:
                             consumer._n_acked = 0
                             await consumer.commit()
-                        if tp.topic in inputs:
+                        if tp.topic in inputs or tp.topic in side:
                             if not batch and not side_batch:
                                 closes_at = loop.time() + wait
-                            batch.append(message)
-                            fetched_at[tp] = now
-                        elif tp.topic in side:
-                            if not batch and not side_batch:
-                                closes_at = loop.time() + wait
-                            side_batch.append(message)
+                            if tp.topic in inputs:
+                                batch.append(message)
+                                fetched_at[tp] = now
+                            else:
+                                side_batch.append(message)
                         else:
                             await consumer.wait_first(
                                 callback(message), consumer.suspend_flow.wait()
@@ -180,13 +179,10 @@ class BatchDrain:
                     unset_flag(CONSUMER_FETCHING)
                 closing = loop.time() >= closes_at
                 if side_batch and (len(side_batch) >= size or closing):
-                    for i in range(0, len(side_batch), size):
-                        await side_queue.put((generation, side_batch[i : i + size]))
+                    await _hand_over(side_queue, generation, side_batch, size)
                     side_batch = []
                 if batch and (len(batch) >= size or closing):
-                    for i in range(0, len(batch), size):
-                        chunk = batch[i : i + size]
-                        await queue.put((generation, chunk))
+                    await _hand_over(queue, generation, batch, size)
                     batch = []
         except consumer.consumer_stopped_errors:
             if consumer.transport.app.should_stop:
@@ -203,3 +199,12 @@ class BatchDrain:
             raise
         finally:
             unset_flag(CONSUMER_FETCHING)
+
+
+async def _hand_over(
+    queue: asyncio.Queue[Batch], generation: int, records: list[Message], size: int
+) -> None:
+    """``records`` into ``queue`` in batches of at most ``size``, in order (waiting for room:
+    back-pressure reaches the fetch)."""
+    for i in range(0, len(records), size):
+        await queue.put((generation, records[i : i + size]))
