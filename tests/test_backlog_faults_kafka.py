@@ -59,11 +59,15 @@ pytestmark = pytest.mark.kafka
 #: kills per test (``VIGIL_FAULT_KILLS``, default 4: the suite's run; 10 or more for a longer
 #: search, which the backlogs below are large enough for)
 KILLS = int(os.environ.get("VIGIL_FAULT_KILLS") or 4)
-#: executions in the backlog: enough for the kills to fall before one worker has drained it
-#: (each restart costs 6 s or more on a 2-core machine). Two workers drain more while a killed
-#: one restarts: they get more.
-EXECUTIONS = 1500 + 250 * KILLS
-EXECUTIONS_FOR_TWO = 3000 + 500 * KILLS
+#: executions in the backlog: enough for every kill to fall before one worker has drained it.
+#: A kill lands up to a second and a commit interval past its target, which a worker draining
+#: several thousand records a second turns into thousands of records; the targets share the
+#: first ``SPAN`` of the backlog (``KillPlan``) and the rest is the margin for those overshoots.
+#: Two workers drain more while a killed one restarts: they get more.
+EXECUTIONS = 2000 + 500 * KILLS
+EXECUTIONS_FOR_TWO = 3000 + 750 * KILLS
+#: the share of the backlog the kill targets are drawn from
+SPAN = 0.6
 #: 6 s is the broker's group.min.session.timeout.ms; the heartbeat has no vigil setting, Faust
 #: reads its own from the environment
 SESSION = {"VIGIL_SESSION_TIMEOUT": "6s", "BROKER_HEARTBEAT_INTERVAL": "1"}
@@ -139,15 +143,27 @@ class Progress:
         return done
 
 
-def kill_points(rng: random.Random, records: int) -> list[tuple[int, float]]:
-    """Where to kill: after so many execution-status records are acknowledged (over the first
-    60 % of the backlog, sorted; one a restarted worker has already passed is met at once),
-    and a further 0 to 1 s (a batch under a backlog takes about half a second), so that the kill
-    falls anywhere in a batch: while it is read or processed, while its outputs or its state are
-    sent, before its acknowledgement. The kills spaced by these delays must all fall before the
-    backlog is drained, which the size of the backlogs above allows for."""
-    targets = sorted(int(rng.uniform(0.0, 0.6) * records) for _ in range(KILLS))
-    return [(t, rng.uniform(0.0, 1.0)) for t in targets]
+class KillPlan:
+    """Where to kill: after so many execution-status records are acknowledged, and a further
+    0 to 1 s (a batch under a backlog takes about half a second), so that the kill falls
+    anywhere in a batch: while it is read or processed, while its outputs or its state are
+    sent, before its acknowledgement.
+
+    Each target is drawn when the kill is due, from what is left of the first ``SPAN`` of the
+    backlog, in an even share for each kill still to come: a kill that overshot its target
+    (the delay, a commit that jumps, a restarted worker that catches up) moves the later ones
+    on instead of leaving them behind it, where they would all fall at once at the end of the
+    drain. The seed replays the draws; where they land depends on the drain's pace."""
+
+    def __init__(self, rng: random.Random, records: int, kills: int = KILLS) -> None:
+        self.rng = rng
+        self.end = int(SPAN * records)
+        self.left = kills
+
+    def next(self, acknowledged: int) -> tuple[int, float]:
+        share = max(self.end - acknowledged, 0) / max(self.left, 1)
+        self.left -= 1
+        return acknowledged + int(self.rng.uniform(0.0, share)), self.rng.uniform(0.0, 1.0)
 
 
 class HeldProbe:
@@ -211,7 +227,7 @@ def check(got: list[ConsumedRecord], expected: dict[str, Record]) -> None:
 
 
 def test_one_worker_killed_at_random_points_while_draining(cluster, tmp_path: Path) -> None:
-    """kill -9 of the only worker at ``KILLS`` random points of the drain (``kill_points``),
+    """kill -9 of the only worker at ``KILLS`` random points of the drain (``KillPlan``),
     each time restarted on the same data dir; the last one drains the rest."""
     rng = seeded("one worker")
     b = backlog(cluster, tmp_path, partitions=3)
@@ -219,9 +235,11 @@ def test_one_worker_killed_at_random_points_while_draining(cluster, tmp_path: Pa
     probe = HeldProbe()
     began = time.monotonic()
     with contextlib.ExitStack() as stack:
-        for n, (target, delay) in enumerate(kill_points(rng, progress.records), 1):
+        plan = KillPlan(rng, progress.records)
+        for n in range(1, KILLS + 1):
             w = start(b.dep, "data", stack)
             probe.watch(w)
+            target, delay = plan.next(progress.acknowledged())
             done = progress.reach(target, [w])
             time.sleep(delay)
             kill_hard(w)
@@ -240,7 +258,7 @@ def test_one_worker_killed_at_random_points_while_draining(cluster, tmp_path: Pa
 
 def test_either_of_two_workers_killed_at_random_points(cluster, tmp_path: Path) -> None:
     """Two workers share the backlog; ``KILLS`` times one of them, chosen at random, is killed
-    -9 at a random point (``kill_points``) and restarted on its own data dir, while the other
+    -9 at a random point (``KillPlan``) and restarted on its own data dir, while the other
     goes on."""
     rng = seeded("two workers")
     b = backlog(cluster, tmp_path, partitions=4, executions=EXECUTIONS_FOR_TWO)
@@ -251,7 +269,9 @@ def test_either_of_two_workers_killed_at_random_points(cluster, tmp_path: Path) 
         workers = {name: start(b.dep, name, stack) for name in ("a", "b")}
         for w in workers.values():
             probe.watch(w)
-        for n, (target, delay) in enumerate(kill_points(rng, progress.records), 1):
+        plan = KillPlan(rng, progress.records)
+        for n in range(1, KILLS + 1):
+            target, delay = plan.next(progress.acknowledged())
             done = progress.reach(target, list(workers.values()))
             time.sleep(delay)
             name = rng.choice(sorted(workers))
