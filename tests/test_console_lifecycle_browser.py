@@ -129,7 +129,12 @@ def _seconds(text: str) -> int:
 def test_ages_and_as_of_are_measured_from_now_on_a_quiet_fleet(console: Served, tab: Any) -> None:
     tab.goto(f"{console.base}/#/")
     wait_rows(tab, "sort=severity")
-    # "as of" is the view's freshness on the wall clock, not the newest record's time
+    # "as of" is the view's freshness on the wall clock, not the newest record's time; until
+    # the view has read every topic to its end the footer says it is catching up
+    tab.wait_for_function(
+        "() => /as of \\d/.test(document.getElementById('freshness').innerText)",
+        timeout=SHOWN_MS,
+    )
     footer = tab.locator("#freshness").inner_text()
     as_of = datetime.fromisoformat(re.search(r"as of (\S+ \S+)", footer).group(1).replace(" ", "T"))
     assert timedelta(0) <= datetime.now(UTC) - as_of < timedelta(seconds=60), footer
