@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from streams.contracts.envelope import Envelope
 from streams.contracts.keys import split_key
-from streams.contracts.models.outputs import ClaimsProgress, IdempotencyClaim, IdempotencyClaims
+from streams.contracts.models.outputs import ClaimsProgress, IdempotencyClaim
 from streams.core import claims as cl
 from streams.engine.emission import Emission, record_time_ms
 from streams.engine.processor import Processor
@@ -47,9 +47,16 @@ class LocalJoin:
         """One record the processor addressed to the claims topic; the links it decides."""
         record = em.record
         if type(record) is IdempotencyClaim:
-            links = self._claim(cl.claim_of(record))
-        elif type(record) is IdempotencyClaims:
-            links = [link for claim in cl.claims_in(record) for link in self._claim(claim)]
+            claim = cl.claim_of(record)
+            key = cl.claims_key(claim.connector, claim.key)
+            partition = partition_of(key, self.partitions)
+            marks, book, findings = cl.receive_claim(
+                self._marks(partition), self.books.get(key), claim, self.grace_ms
+            )
+            self.marks[partition] = marks
+            self.books[key] = book
+            self.late += sum(1 for f in findings if isinstance(f, cl.Late))
+            links = cl.links_of(findings)
         elif type(record) is ClaimsProgress:
             assert em.partition is not None  # progress goes to every partition by number
             marks, changed, links = cl.receive_progress(
@@ -65,17 +72,6 @@ class LocalJoin:
             raise TypeError(f"not a record of the claims topic: {record.avro_name}")
         self.links += len(links)
         return links
-
-    def _claim(self, claim: cl.Claim) -> list[cl.Link]:
-        key = cl.claims_key(claim.connector, claim.key)
-        partition = partition_of(key, self.partitions)
-        marks, book, findings = cl.receive_claim(
-            self._marks(partition), self.books.get(key), claim, self.grace_ms
-        )
-        self.marks[partition] = marks
-        self.books[key] = book
-        self.late += sum(1 for f in findings if isinstance(f, cl.Late))
-        return cl.links_of(findings)
 
     def _marks(self, partition: int) -> cl.Watermarks:
         return self.marks.get(partition) or cl.Watermarks(self.partitions)

@@ -23,14 +23,7 @@ from streams.contracts.models.enums import (
     RetryVerdict,
 )
 from streams.contracts.models.events import OperationEvent
-from streams.contracts.models.outputs import (
-    Alert,
-    ClaimsProgress,
-    IdempotencyClaim,
-    IdempotencyClaims,
-    OperationState,
-)
-from streams.core import claims as cl
+from streams.contracts.models.outputs import Alert, ClaimsProgress, OperationState
 from streams.kafka.partitioning import partition_of
 from streams.replay import run_replay
 from tests.support import deployment, worker
@@ -274,30 +267,3 @@ def test_a_new_send_after_the_other_attempt_failed_is_no_retry(
     assert states and all(s.held_by_execution_id is None for s in states)
     assert _last_states(records)[d].retry is RetryVerdict.WAIT
     assert _last_states(records)[c].status is OperationStatus.FAILED
-
-
-def test_the_claims_of_a_key_leave_gathered_and_in_order(one_worker: dict[str, Any]) -> None:
-    """What the join read: per key, every status of every attempt, in time order per attempt;
-    the claims one batch made under a key in one ``IdempotencyClaims`` record (the whole log
-    is on the topics before the worker starts, so a key's claims come in few batches)."""
-    per_key: dict[str, list[cl.Claim]] = {}
-    records = 0
-    for r in one_worker["claims"]:
-        if isinstance(r.record, IdempotencyClaims):
-            claims = cl.claims_in(r.record)
-        elif isinstance(r.record, IdempotencyClaim):
-            claims = [cl.claim_of(r.record)]
-        else:
-            continue
-        records += 1
-        assert {cl.claims_key(c.connector, c.key) for c in claims} == {r.key}
-        per_key.setdefault(r.key, []).extend(claims)
-    a, b = one_worker["a"], one_worker["b"]
-    got = [(c.execution_id, c.status) for c in per_key["payments/order-42"]]
-    assert (a, OperationStatus.SENT) in got and (b, OperationStatus.SENT) in got
-    assert (a, OperationStatus.UNKNOWN) in got
-    for claims in per_key.values():
-        for ref in {c.ref for c in claims}:
-            times = [c.at for c in claims if c.ref == ref]
-            assert times == sorted(times)
-    assert records < sum(len(claims) for claims in per_key.values())

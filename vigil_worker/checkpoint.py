@@ -11,8 +11,7 @@ import asyncio
 import bisect
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from streams.contracts.models.outputs import ClaimsProgress, IdempotencyClaim
-from streams.core.claims import GATHER_MAX, gather
+from streams.contracts.models.outputs import ClaimsProgress
 from streams.engine.emission import Emission
 from streams.engine.state import EntryTooLarge
 from streams.kafka.clients import DeliveryFailed
@@ -40,32 +39,6 @@ def superseded(emissions: list[Emission]) -> set[int]:
                 skip.add(before)
             last[where] = i
     return skip
-
-
-def gathered(emissions: list[Emission]) -> tuple[dict[int, Emission], set[int]]:
-    """The batch's claims of each (connector, key) as one record (``gather``; ``GATHER_MAX``
-    claims at most each): returns the record to send at the index of each group's first claim
-    instead of it, and the indexes of the other claims of the group, not sent. A claim goes
-    to its key's partition no later than alone (earlier, if a later one of its key is in the
-    batch): the progress after it still comes after it, and within the key the claims keep
-    their order, which is all the join reads in order. A key's only claim of the batch goes
-    as it is."""
-    groups: dict[tuple[str, str | None], list[int]] = {}
-    for i, em in enumerate(emissions):
-        if type(em.record) is IdempotencyClaim:
-            groups.setdefault((em.topic, em.key), []).append(i)
-    instead: dict[int, Emission] = {}
-    skip: set[int] = set()
-    for indexes in groups.values():
-        if len(indexes) == 1:
-            continue
-        for start in range(0, len(indexes), GATHER_MAX):
-            chunk = indexes[start : start + GATHER_MAX]
-            first = emissions[chunk[0]]
-            records = [emissions[i].record for i in chunk]
-            instead[chunk[0]] = first._replace(record=gather(records))  # type: ignore[arg-type]
-            skip.update(chunk[1:])
-    return instead, skip
 
 
 class Position(NamedTuple):
@@ -154,19 +127,16 @@ class Checkpoint:
         refused, before it left or by the broker, counts against the input it came from.
 
         Of the claims progress an input partition sent to one claims partition, only the last
-        of the batch goes out (``superseded``), and the claims of one key go as one record
-        (``gathered``); the others are recorded as sent empty."""
+        of the batch goes out (``superseded``); the others are recorded as sent empty."""
         worker = self.worker
         send, sent = worker.outputs.send_emission, self.sent
-        instead, skip = gathered(self.emissions)
-        skip |= superseded(self.emissions)
+        skip = superseded(self.emissions)
         record: Any = None
         value: bytes | None = None
         for i, em in enumerate(self.emissions):
             if i in skip:
                 sent.append(b"")
                 continue
-            em = instead.get(i, em)
             try:
                 # a record sent to every partition (a claims progress) is encoded once
                 value = send(em, value if em.record is record else None)

@@ -38,7 +38,7 @@ import faust
 from streams.contracts.codec import AvroCodec, RegistryUnavailable
 from streams.contracts.envelope import Envelope, open_envelope
 from streams.contracts.keys import split_key
-from streams.contracts.models.outputs import ClaimsProgress, IdempotencyClaim, IdempotencyClaims
+from streams.contracts.models.outputs import ClaimsProgress, IdempotencyClaim
 from streams.core import claims as cl
 from streams.engine.emission import Emission
 from streams.engine.emitter import Emitter
@@ -152,11 +152,8 @@ class ClaimsStage:
                 out.append(self.emitter.dead_letter(env))
                 continue
             record = env.record
-            if type(record) is IdempotencyClaims:
-                for claim in cl.claims_in(record):
-                    out.extend(self._on_claim(env.partition, claim))
-            elif type(record) is IdempotencyClaim:
-                out.extend(self._on_claim(env.partition, cl.claim_of(record)))
+            if type(record) is IdempotencyClaim:
+                out.extend(self._on_claim(env.partition, record))
             elif type(record) is ClaimsProgress:
                 out.extend(self._on_progress(env.partition, record))
         if generation != self.generation():
@@ -218,7 +215,8 @@ class ClaimsStage:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 30.0)
 
-    def _on_claim(self, partition: int, claim: cl.Claim) -> list[Emission]:
+    def _on_claim(self, partition: int, record: IdempotencyClaim) -> list[Emission]:
+        claim = cl.claim_of(record)
         key = cl.claims_key(claim.connector, claim.key)
         marks = self._marks_of(partition)
         before = self._book(key)
@@ -228,7 +226,7 @@ class ClaimsStage:
                 self.late += 1
                 log.warning(
                     "claims: late claim %s (watermark %s): decided at once, against what is known",
-                    claim.claim_id,
+                    record.claim_id,
                     f.watermark,
                 )
         if book is not before:  # (a claim repeated is no change)

@@ -90,7 +90,7 @@ def _topic_configuration(spec: TopicSpec) -> dict[str, Any]:
 
 
 def _key_schema(model: type[Record], spec: TopicSpec) -> dict[str, Any]:
-    if model.avro_name in ("IdempotencyClaim", "IdempotencyClaims"):
+    if model.avro_name == "IdempotencyClaim":
         return {
             "type": "string",
             "description": (

@@ -40,13 +40,7 @@ from typing import NamedTuple
 
 from streams.contracts.models.base import constructor
 from streams.contracts.models.enums import OperationStatus
-from streams.contracts.models.outputs import (
-    ClaimedStatus,
-    ClaimsProgress,
-    IdempotencyClaim,
-    IdempotencyClaims,
-    RetryLink,
-)
+from streams.contracts.models.outputs import ClaimsProgress, IdempotencyClaim, RetryLink
 from streams.core.executions import from_ms, to_ms
 from streams.core.ids import deterministic_id, scoped_key
 from streams.core.operations import BLOCKS_RETRY, OperationBook
@@ -502,58 +496,6 @@ def claim_record(claim: Claim) -> IdempotencyClaim:
             "occurred_at": from_ms(claim.at),
         }
     )
-
-
-#: The most claims one ``IdempotencyClaims`` record carries (about 150 bytes each): a key that
-#: many executions share in one batch is split into several records, each far below the
-#: broker's message size.
-GATHER_MAX = 256
-
-_new_claims = constructor(IdempotencyClaims)
-_new_claimed = constructor(ClaimedStatus)
-
-
-def gather(records: list[IdempotencyClaim]) -> IdempotencyClaims:
-    """The claims of one (connector, key), in order, as one record: the join reads them as it
-    would read the records one by one (``claims_in``), for one record's encoding, delivery,
-    fetch and decoding instead of several. All of ``records`` share the connector and key."""
-    first = records[0]
-    return _new_claims(
-        {
-            "connector": first.connector,
-            "idempotency_key": first.idempotency_key,
-            "claims": tuple(
-                _new_claimed(
-                    {
-                        "claim_id": r.claim_id,
-                        "execution_id": r.execution_id,
-                        "operation_id": r.operation_id,
-                        "attempt": r.attempt,
-                        "status": r.status,
-                        "occurred_at": r.occurred_at,
-                    }
-                )
-                for r in records
-            ),
-        }
-    )
-
-
-def claims_in(record: IdempotencyClaims) -> list[Claim]:
-    """The claims a gathered record carries, in the order they were made."""
-    connector, key = record.connector, record.idempotency_key
-    return [
-        Claim(
-            connector,
-            key,
-            c.execution_id,
-            c.operation_id,
-            c.attempt,
-            c.status,
-            to_ms(c.occurred_at),
-        )
-        for c in record.claims
-    ]
 
 
 def claim_of(record: IdempotencyClaim) -> Claim:

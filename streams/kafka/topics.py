@@ -293,7 +293,7 @@ class Topics:
                 Role.INTERNAL,
                 "connector/idempotency_key, each percent-encoded (progress: none, to every "
                 "partition)",
-                (out.IdempotencyClaim, out.IdempotencyClaims, out.ClaimsProgress),
+                (out.IdempotencyClaim, out.ClaimsProgress),
                 n,
                 "delete",
                 s.retention_ms,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from streams.contracts.models.base import Millis, Record
 from streams.contracts.models.enums import (
     AlertKind,
@@ -271,36 +269,6 @@ class IdempotencyClaim(Record):
     occurred_at: Millis
 
 
-class ClaimedStatus(Record):
-    # Nested in IdempotencyClaims.avsc: no file, no topic of its own.
-    avro_name = "ClaimedStatus"
-    time_field = None
-    key_field = None
-    claim_id: str
-    execution_id: str
-    operation_id: str
-    attempt: int
-    status: OperationStatus
-    occurred_at: Millis
-
-
-class IdempotencyClaims(Record):
-    """The claims of one (connector, idempotency key) that one worker batch made, in the
-    order applied: what several ``IdempotencyClaim`` records would carry, in one
-    (``streams.core.claims.gather``), keyed like them."""
-
-    avro_name = "IdempotencyClaims"
-    key_field = None  # the emitter keys it by connector and key
-    time_field = "first_occurred_at"  # the Kafka timestamp: its first claim's time
-    connector: str
-    idempotency_key: str
-    claims: tuple[ClaimedStatus, ...]
-
-    @property
-    def first_occurred_at(self) -> datetime | None:
-        return self.claims[0].occurred_at if self.claims else None
-
-
 class ClaimsProgress(Record):
     """Every claim of ``source_partition`` stamped before ``occurred_at`` is written; sent to
     every claims partition."""
@@ -334,9 +302,4 @@ class RetryLink(Record):
 
 
 #: The records the workers write and read themselves (``Role.INTERNAL`` topics).
-INTERNAL_MODELS: tuple[type[Record], ...] = (
-    IdempotencyClaim,
-    IdempotencyClaims,
-    ClaimsProgress,
-    RetryLink,
-)
+INTERNAL_MODELS: tuple[type[Record], ...] = (IdempotencyClaim, ClaimsProgress, RetryLink)
