@@ -36,43 +36,37 @@ if importlib.util.find_spec("rocksdict") or importlib.util.find_spec("rocksdb"):
     STORES.append("rocksdb://")
 
 
-class Metadata(NamedTuple):
-    partition: int
-    offset: int
-
-
 class Refused(Exception):
     """The broker's answer to a changelog record it did not take."""
 
 
 class Broker:
-    """The producer ``DirectTable.send`` is handed: acknowledges the records of a send up to
-    ``take`` of them (all when ``None``) and refuses the rest, as a broker that fails part of a
-    batch. ``log`` is what the changelog topic holds, in order."""
+    """The producer ``DirectTable.send`` is handed (``ChangelogProducer.deliver``'s
+    contract): takes the records of a send up to ``take`` of them (all when ``None``) and
+    refuses the rest, as a broker that fails part of a batch. ``log`` is what the changelog
+    topic holds, in order."""
 
     def __init__(self) -> None:
         self.log: list[tuple[int, bytes | None, bytes | None]] = []
         self.take: int | None = None
         self.during_flush: Any = None
-        self._this_send = 0
 
-    async def send(
-        self, topic: str, key: bytes | None, value: bytes | None, partition: int, *_: Any
-    ) -> asyncio.Future[Metadata]:
-        future: asyncio.Future[Metadata] = asyncio.get_running_loop().create_future()
-        if self.take is not None and self._this_send >= self.take:
-            future.set_exception(Refused(f"{topic}[{partition}]"))
-        else:
+    async def deliver(
+        self, topic: str, records: list[tuple[int, bytes | None, bytes | None]]
+    ) -> dict[int, int]:
+        last: dict[int, int] = {}
+        refused = 0
+        for i, (partition, key, value) in enumerate(records):
+            if self.take is not None and i >= self.take:
+                refused += 1
+                continue
             self.log.append((partition, key, value))
-            offset = sum(1 for p, _, _ in self.log if p == partition) - 1
-            future.set_result(Metadata(partition, offset))
-        self._this_send += 1
-        return future
-
-    async def flush(self) -> None:
-        self._this_send = 0
+            last[partition] = sum(1 for p, _, _ in self.log if p == partition) - 1
         if self.during_flush is not None:
             self.during_flush()
+        if refused:
+            raise Refused(f"{topic}: {refused} of {len(records)} records")
+        return last
 
 
 class _At:

@@ -181,14 +181,12 @@ class Broker:
     def __init__(self) -> None:
         self.log: list[tuple[int, bytes | None]] = []
 
-    async def send(self, topic: str, key: Any, value: Any, partition: int, *_: Any) -> Any:
-        future = asyncio.get_running_loop().create_future()
-        self.log.append((partition, key))
-        future.set_result(type("Md", (), {"partition": partition, "offset": len(self.log)})())
-        return future
-
-    async def flush(self) -> None:
-        pass
+    async def deliver(self, topic: str, records: list[tuple[int, Any, Any]]) -> dict[int, int]:
+        last: dict[int, int] = {}
+        for partition, key, _ in records:
+            self.log.append((partition, key))
+            last[partition] = len(self.log)
+        return last
 
 
 def test_a_table_written_for_a_partition_writes_there_without_a_faust_event(tmp_path: Path) -> None:

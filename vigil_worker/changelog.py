@@ -23,6 +23,11 @@ that reads consult first; ``send`` moves them into the store only once the broke
 acknowledged every record of the batch. A send that fails, even in part, and ``discard`` drop
 the overlay with the records: the store is then behind what the changelog may already hold,
 never ahead of it, and the inputs read again are applied again (with the same result).
+
+Why librdkafka sends them (``ChangelogProducer``), not Faust's producer: Faust's is aiokafka's,
+which builds, batches, writes and acknowledges every record in Python on the event loop's
+thread, a coroutine and a future per record. librdkafka does all of that in its own threads,
+outside the interpreter lock; the worker only hands it each record and waits for the batch.
 """
 
 from __future__ import annotations
@@ -34,11 +39,76 @@ from collections.abc import Iterator, MutableMapping
 from types import SimpleNamespace
 from typing import Any
 
+from confluent_kafka import KafkaError, Producer
 from faust.streams import _current_event, current_event
 from faust.types import TP
 
+from streams.settings import Settings
+
 #: The overlay's value for a key the batch deleted.
 _DELETED: Any = object()
+
+#: One changelog record: its partition, key and value (None: a deletion), serialized.
+ChangelogRecord = tuple[int, bytes | None, bytes | None]
+
+
+class ChangelogRefused(RuntimeError):
+    """Changelog records the broker did not take (or not within the wait)."""
+
+
+class ChangelogProducer:
+    """Changelog records through librdkafka: idempotent, acknowledged by every in-sync
+    replica, in order per partition. One per writer that sends a batch at a time (the
+    pipeline's checkpoint, the claims stage): ``deliver`` waits for its own records by
+    flushing the producer, so two writers sharing one would wait for each other's."""
+
+    def __init__(self, settings: Settings, max_request_size: int) -> None:
+        self.producer = Producer(
+            settings.confluent_conf()
+            | {
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                # as large as what Faust's producer takes (``producer_max_request_size``):
+                # the worker bounds an entry by that (``pipeline.entry_bound``)
+                "message.max.bytes": max_request_size,
+            }
+        )
+
+    async def deliver(self, topic: str, records: list[ChangelogRecord]) -> dict[int, int]:
+        """Every record sent and waited for; the last offset written per partition. Raises
+        ``ChangelogRefused`` if the broker refused any of them (some may be written)."""
+        produce, poll = self.producer.produce, self.producer.poll
+        got: list[tuple[int, int]] = []
+        errors: list[str] = []
+
+        def report(err: KafkaError | None, msg: Any) -> None:
+            if err is None:
+                got.append((msg.partition(), msg.offset()))
+            else:
+                errors.append(f"{topic}[{msg.partition()}]: {err}")
+
+        for partition, key, value in records:
+            while True:
+                try:
+                    produce(topic, value=value, key=key, partition=partition, on_delivery=report)
+                    break
+                except BufferError:  # librdkafka's queue is full: let it drain
+                    poll(0.05)
+        left = await asyncio.to_thread(self.producer.flush, 60.0)
+        if errors or left or len(got) != len(records):
+            raise ChangelogRefused(
+                f"{len(records) - len(got)} of {len(records)} changelog records of {topic} "
+                f"not written: {errors[:3] or f'{left} still queued after 60 s'}"
+            )
+        last: dict[int, int] = {}
+        for partition, offset in got:
+            if offset > last.get(partition, -1):
+                last[partition] = offset
+        return last
+
+    def close(self) -> None:
+        self.producer.flush(10.0)
 
 
 class _At:
@@ -57,7 +127,7 @@ class DirectTable(MutableMapping[str, Any]):
 
     def __init__(self, table: Any) -> None:
         self.table = table
-        self._pending: list[tuple[int, bytes | None, bytes | None]] = []
+        self._pending: list[ChangelogRecord] = []
         #: the writes whose records are pending or being sent: key -> (partition, value or
         #: ``_DELETED``). Replaced, never cleared in place: a send holds on to its own.
         self._overlay: dict[str, tuple[int, Any]] = {}
@@ -164,18 +234,17 @@ class DirectTable(MutableMapping[str, Any]):
         self._overlay = {}
 
     async def send(self, producer: Any) -> int:
-        """Send the pending changelog records and wait until the broker has every one; then,
-        and only then, the store takes the writes. If any record fails, none is applied and
-        the writes are dropped (the error is raised): the store stays behind the changelog."""
+        """Send the pending changelog records through ``producer`` (a ``ChangelogProducer``)
+        and wait until the broker has every one; then, and only then, the store takes the
+        writes. If any record fails, none is applied and the writes are dropped (the error is
+        raised): the store stays behind the changelog."""
         pending, self._pending = self._pending, []
         writes = self._overlay
         if not pending:
             return 0
         name = self.table.changelog_topic.get_topic_name()
         try:
-            futures = [await producer.send(name, k, v, p, None, None) for p, k, v in pending]
-            await producer.flush()
-            results = await asyncio.gather(*futures)
+            last = await producer.deliver(name, pending)
         except BaseException:
             if self._overlay is writes:
                 self._overlay = {}
@@ -183,9 +252,6 @@ class DirectTable(MutableMapping[str, Any]):
         self._apply(writes)
         if self._overlay is writes:
             self._overlay = {}
-        last: dict[int, int] = {}
-        for md in results:
-            last[md.partition] = max(last.get(md.partition, -1), md.offset)
         for partition, offset in last.items():
             self.table.data.set_persisted_offset(TP(name, partition), offset)
         return len(pending)

@@ -181,7 +181,7 @@ class Checkpoint:
 
     async def store_state(self) -> None:
         """2. The execution entries the batch changed (``prepare_state``), delivered."""
-        await self.worker.executions.send(self.worker.app.producer)
+        await self.worker.executions.send(self.worker.changelog)
 
     async def store_clocks(self) -> list[Any]:
         """3. The clocks of the batch's partitions, with how far each input is processed (the
@@ -197,7 +197,7 @@ class Checkpoint:
             if p in self.partitions:
                 with worker.clocks.writing_to(p):
                     processor.flush_clocks(p)
-        await worker.clocks.send(worker.app.producer)
+        await worker.clocks.send(worker.changelog)
         return ready
 
     def acknowledge(self, consumer: Any, ready: list[Any]) -> None:

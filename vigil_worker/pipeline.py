@@ -35,7 +35,7 @@ from streams.read.feed import Feed
 from streams.read.metrics import Metrics
 from streams.read.web import register_web
 from streams.settings import Settings
-from vigil_worker.changelog import DirectTable
+from vigil_worker.changelog import ChangelogProducer, DirectTable
 from vigil_worker.checkpoint import Checkpoint, Failure, Origin, Position
 from vigil_worker.claims import ClaimsStage
 from vigil_worker.consumer import (
@@ -177,6 +177,8 @@ class Worker:
         # microseconds, where aiokafka's send is a coroutine, a future and a callback per
         # record. Idempotent, acks=all, murmur2 on the key as Java clients and Faust partition.
         self.outputs = RecordProducer(settings, codec, acks="all")
+        #: the tables' changelog records, through librdkafka too (``vigil_worker/changelog.py``)
+        self.changelog = ChangelogProducer(settings, int(app.conf.producer_max_request_size))
         #: the largest packed entry a changelog record can carry: the least of what Faust's
         #: producer sends in one request and what the changelog topic takes
         #: (``max.message.bytes``, read before the first batch), less room for the record's

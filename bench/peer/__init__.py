@@ -165,11 +165,15 @@ def vigil_run(
     for (topic, _), n in expected.items():
         det_counts[topic] += n
     env = {"PYTHONPATH": str(tree)} if tree is not None else None
+    profile = os.environ.get("VIGIL_BENCH_PEER_PROFILE") if tree is None else None
     with h.workers(dep, 1, env=env) as procs:
         start = procs[0].ready_at
+        spy = sec._py_spy(procs[0].pid, Path(profile)) if profile else None
         cpu0 = h.cpu_seconds(procs[0].pid)
         _, met = h.wait_outputs(off, dict(det_counts), timeout=900)
         cpu1 = h.cpu_seconds(procs[0].pid)
+        if spy is not None:
+            sec._stop_py_spy(spy)
         committed = wait_committed(base, dep.settings.app_id, ends, 120)
     off.close()
     outs = h.read_all(base, dep.outputs)

@@ -338,6 +338,26 @@ class AvroCodec:
             except DecodeError:
                 continue
 
+    def read_fields(self, data: bytes | None, model: type[Record]) -> dict[str, Any] | None:
+        """The fields of a value written with exactly ``model``'s schema, as fastavro reads
+        them, not validated; None when the value is anything else (another record type,
+        another version of the schema, not framed, not readable), which ``decode`` then
+        judges. For records vigil wrote itself to its own internal topics, read far more
+        often than anything else: validation would only find what the writer checked.
+        Raises ``RegistryUnavailable`` as ``decode`` does."""
+        if data is None or len(data) < 5 or data[0] != MAGIC_BYTE:
+            return None
+        schema_id = int.from_bytes(data[1:5], "big")
+        if MODELS_BY_FULLNAME.get(self.writer_fullname(schema_id)) is not model:
+            return None
+        writer, reader = self._reader(schema_id, model)
+        if reader is not None:
+            return None
+        try:
+            return schemaless_reader(io.BytesIO(data[5:]), writer, None)  # type: ignore[no-any-return]
+        except Exception:
+            return None
+
     def decode(
         self, topic: str, data: bytes | None, allowed: Iterable[type[Record]] | None = None
     ) -> Record:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from streams.contracts.models.base import constructor
@@ -246,7 +246,7 @@ def _decide(book: KeyBook, retry: Ref) -> tuple[KeyBook, list[Link]]:
         told |= {(1, t, s.value) for t, s in book.attempts[retry] if t < at}
         told.add((1, at, retry_status.value))
         pairs[cid] = Pair(held, retry, at, frozenset(told))
-    book = replace(book, decided=book.decided | {retry}, pairs=pairs)
+    book = KeyBook(book.connector, book.key, book.attempts, book.decided | {retry}, pairs)
     book, forwarded = _forward(book)
     return book, found + forwarded
 
@@ -254,8 +254,11 @@ def _decide(book: KeyBook, retry: Ref) -> tuple[KeyBook, list[Link]]:
 def _forward(book: KeyBook) -> tuple[KeyBook, list[Link]]:
     """Every transition of either attempt of a conflict not told to the other side yet, as an
     UPDATE link, in time order."""
+    if not book.pairs:  # no conflict under this key: nothing to forward
+        return book, []
     out: list[Link] = []
     pairs = dict(book.pairs)
+    changed = False
     for cid, pair in sorted(book.pairs.items()):
         forwarded = set(pair.forwarded)
         sides = ((pair.held, pair.retry, RETRY), (pair.retry, pair.held, HELD))
@@ -270,8 +273,11 @@ def _forward(book: KeyBook) -> tuple[KeyBook, list[Link]]:
                 out.append(_link(book, cid, UPDATE, role, other, mine, status, at))
         if len(forwarded) != len(pair.forwarded):
             pairs[cid] = pair._replace(forwarded=frozenset(forwarded))
+            changed = True
+    if not changed:
+        return book, []
     out.sort(key=lambda link: (link.at, link.conflict_id, link.receiver))
-    return replace(book, pairs=pairs), out
+    return KeyBook(book.connector, book.key, book.attempts, book.decided, pairs), out
 
 
 def add_claim(
@@ -288,7 +294,7 @@ def add_claim(
     if mark in transitions:
         return book, []
     new = tuple(sorted((*transitions, mark), key=lambda x: x[0]))
-    book = replace(book, attempts={**book.attempts, ref: new})
+    book = KeyBook(book.connector, book.key, {**book.attempts, ref: new}, book.decided, book.pairs)
     findings: list[Finding] = []
     late = watermark is not None and claim.at + grace < watermark
     if late:
@@ -340,7 +346,7 @@ class Watermarks:
         ignored)."""
         if self.marks.get(source, -1) >= watermark:
             return self
-        return replace(self, marks={**self.marks, source: watermark})
+        return Watermarks(self.partitions, {**self.marks, source: watermark}, self.pending)
 
     @property
     def watermark(self) -> int | None:
@@ -353,7 +359,8 @@ class Watermarks:
         waits = book.pending() is not None
         if waits == (key in self.pending):
             return self
-        return replace(self, pending=self.pending | {key} if waits else self.pending - {key})
+        pending = self.pending | {key} if waits else self.pending - {key}
+        return Watermarks(self.partitions, self.marks, pending)
 
 
 def receive_claim(

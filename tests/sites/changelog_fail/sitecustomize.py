@@ -12,7 +12,6 @@ Nothing here is imported unless that variable is set; production code has no hoo
 
 from __future__ import annotations
 
-import asyncio
 import os
 from typing import Any
 
@@ -21,22 +20,15 @@ MESSAGE = "injected changelog failure"
 
 
 class _PartlyRefusing:
-    """The worker's producer, refusing every record of one send after the first."""
+    """The worker's changelog producer, refusing every record of one send after the first."""
 
     def __init__(self, producer: Any) -> None:
         self.producer = producer
-        self.sent = 0
 
-    async def send(self, topic: str, key: Any, value: Any, partition: int, *rest: Any) -> Any:
-        self.sent += 1
-        if self.sent == 1:
-            return await self.producer.send(topic, key, value, partition, *rest)
-        refused: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        refused.set_exception(RuntimeError(f"{MESSAGE}: {topic}[{partition}]"))
-        return refused
-
-    async def flush(self) -> None:
-        await self.producer.flush()
+    async def deliver(self, topic: str, records: list[Any]) -> dict[int, int]:
+        await self.producer.deliver(topic, records[:1])
+        partition = records[1][0]
+        raise RuntimeError(f"{MESSAGE}: {topic}[{partition}]")
 
 
 def _install(times: int) -> None:
