@@ -81,6 +81,7 @@ class Worker:
         self.failed: list[tuple[Position, str]] = []
         self.approval_index = type("Index", (), {"note": lambda self, records: None})()
         self.app = type("App", (), {"producer": None})()
+        self.changelog = None  # the stand-in tables' ``send`` sends to ``broker``, not to it
         self.ack_order = type("Order", (), {"finish": lambda s, d: None, "release": lambda s: []})()
 
     async def still_owner(self, generation: int) -> bool:
