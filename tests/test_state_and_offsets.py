@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 from streams.core import executions as ex
 from streams.core import operations as ops
 from streams.engine import compact
-from streams.engine.state import MAX_SEEN, Entry, ExecutionStore
+from streams.engine.state import (
+    KEPT_BASE_BYTES,
+    KEPT_BYTES_PER_CHAR,
+    MAX_SEEN,
+    Entry,
+    ExecutionStore,
+)
 from streams.kafka.offsets import AckOrder, Check, OffsetGuard
 
 # Fields hold JSON text: never the separator, and never starting with a control character
@@ -74,6 +80,50 @@ def test_a_flushed_entry_is_reused_decoded_only_while_the_table_holds_its_text()
     assert store.load("a", "inflight", lambda text: text) == '{"v":2}'
     store.discard()
     assert store.load("a", "inflight", lambda text: "again") == "again"
+
+
+@given(
+    st.integers(0, 20_000),
+    st.lists(st.tuples(st.integers(0, 40), st.integers(0, 400)), min_size=1, max_size=200),
+)
+def test_entries_kept_decoded_stay_within_their_budget_and_read_as_the_table(
+    budget: int, writes: list[tuple[int, int]]
+) -> None:
+    """Whatever the budget and the writes, what is kept weighs at most the budget, the most
+    recently written entries are the ones kept, and an entry read back equals the table's."""
+    table: dict[str, bytes] = {}
+    store = ExecutionStore(table, kept_bytes=budget)  # type: ignore[arg-type]
+    order: list[str] = []
+    for key, length in writes:
+        k = f"ex-{key}"
+        store.view("inflight")[k] = json.dumps({"v": "x" * length})
+        store.flush()
+        order = [x for x in order if x != k] + [k]
+        weights = {
+            x: KEPT_BASE_BYTES + KEPT_BYTES_PER_CHAR * len(Entry.decode(table[x]).encode())
+            for x in order
+        }
+        assert store.kept_weight == sum(w for _, _, w in store._kept.values()) <= budget
+        assert all(weights[x] <= budget for x in store._kept)
+        # the kept ones are a suffix of the writes in order, less the ones too heavy alone
+        newest = [x for x in order if weights[x] <= budget][-store.kept() :]
+        assert list(store._kept) == (newest if store.kept() else [])
+    for k in order:
+        assert store.entry(k).encode() == Entry.decode(table[k]).encode()
+
+
+def test_no_budget_keeps_nothing_and_a_rebalance_drops_what_is_kept() -> None:
+    table: dict[str, bytes] = {}
+    none = ExecutionStore(table, kept_bytes=0)  # type: ignore[arg-type]
+    none.view("inflight")["a"] = '{"v":1}'
+    none.flush()
+    assert none.kept() == 0 and none.kept_weight == 0
+    store = ExecutionStore(table)  # type: ignore[arg-type]
+    store.view("inflight")["b"] = '{"v":2}'
+    store.flush()
+    assert store.kept() == 1 and store.kept_weight > 0
+    store.discard()
+    assert store.kept() == 0 and store.kept_weight == 0
 
 
 def test_applied_positions_are_pruned_below_the_committed_offset_and_bounded() -> None:

@@ -518,6 +518,14 @@ def worker(
         str | None,
         typer.Option(help="...or for this long (env VIGIL_FETCH_MAX_WAIT, 25ms)."),
     ] = None,
+    state_cache_mb: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="MiB of execution entries kept decoded between batches, estimated (env "
+            "VIGIL_STATE_CACHE_MB, 32; 0: none). Fixed, whatever the executions in flight.",
+        ),
+    ] = None,
     loglevel: Annotated[
         str,
         typer.Option(
@@ -540,6 +548,7 @@ def worker(
         batch_wait=_duration_option("--batch-wait", batch_wait),
         fetch_min_bytes=fetch_min_bytes,
         fetch_max_wait=_duration_option("--fetch-max-wait", fetch_max_wait),
+        state_cache_mb=state_cache_mb,
     )
     run_worker(s, loglevel=loglevel)
 

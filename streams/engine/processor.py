@@ -65,7 +65,7 @@ from streams.engine.scheduler import (
     epoch_ms,
     from_ms,
 )
-from streams.engine.state import ExecutionStore, Position
+from streams.engine.state import DEFAULT_KEPT_BYTES, ExecutionStore, Position
 from streams.kafka.partitioning import partition_of
 from streams.kafka.topics import Topics
 from streams.settings import Settings
@@ -136,6 +136,7 @@ class Processor:
         anomaly_alert_ttl: timedelta = timedelta(hours=1),
         max_kept_bytes: int = 512 * 1024,
         max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
+        state_cache_bytes: int = DEFAULT_KEPT_BYTES,
         write_behind: bool = False,
         committed: Callable[[str, int], int | None] | None = None,
         cross_execution: bool = False,
@@ -149,10 +150,12 @@ class Processor:
         live worker, and a replay, which runs the join in-process: ``streams/local_join.py``)
         turns on the join of attempts across executions (``streams.core.claims``): claims and
         progress published, retry links applied (``_on_link``). ``anomaly_alert_ttl``: how long
-        after its anomaly an ANOMALY alert ends, in stream time (``_end_later``)."""
+        after its anomaly an ANOMALY alert ends, in stream time (``_end_later``).
+        ``state_cache_bytes``: what the entries kept decoded between flushes may weigh
+        (``ExecutionStore``)."""
         self.topics = topics
         self.stores = stores
-        self.state = ExecutionStore(stores.executions)
+        self.state = ExecutionStore(stores.executions, state_cache_bytes)
         self.inflight = self.state.view("inflight")
         self.closed = self.state.view("closed")
         self.operations = self.state.view("operations")
@@ -225,6 +228,7 @@ class Processor:
             orphan_after=settings.orphan_after,
             anomaly_alert_ttl=settings.anomaly_alert_ttl,
             max_entry_bytes=settings.max_entry_bytes,
+            state_cache_bytes=settings.state_cache_mb * 1024 * 1024,
         )
 
     @property

@@ -45,11 +45,19 @@ FIELDS = ("inflight", "closed", "operations", "approvals")
 #: dropped anyway (Kafka never redelivers them); this bounds an execution whose inputs come
 #: faster than offsets are committed.
 MAX_SEEN = 64
-#: Flushed entries kept decoded at most (see ``ExecutionStore._kept``). A decoded entry weighs
-#: a few KiB: the cache is bounded so that it stays small beside the table at 100,000 in
-#: flight, and large enough that a worker flushing often does not decode its busiest entries
-#: again.
-MAX_KEPT = 1024
+#: What the entries kept decoded after a flush (``ExecutionStore._kept``) may weigh, by
+#: default (``VIGIL_STATE_CACHE_MB``). An execution with inputs in several batches is read
+#: back from the table once per batch unless it is kept; on the benchmark's operations log
+#: (20,000 executions, batches of 1,000 inputs) 32 MiB takes the core from 68-74 CPU-µs per
+#: input (0 or 3 MiB) to 58-62, and 64 MiB gains nothing more. 32 MiB holds about 11,000 of
+#: that log's entries.
+DEFAULT_KEPT_BYTES = 32 * 1024 * 1024
+#: What a decoded entry weighs in memory, estimated from its text's length: Python objects for
+#: the text's fields, its decoded aggregate and parts, the packed bytes. Fitted to tracemalloc's
+#: count of what dropping the kept entries frees: 2.8 KiB at 346 characters of text (the
+#: operations log), 4.2 KiB at 577 (the full mix).
+KEPT_BASE_BYTES = 768
+KEPT_BYTES_PER_CHAR = 6
 
 #: The key under which an entry's decoded aggregate is kept with its parts (never stored).
 AGGREGATE = "execution"
@@ -163,14 +171,19 @@ class ExecutionStore:
     Reads go through the cache; writes stay in it until ``flush``. ``discard`` forgets what
     was not flushed (after a rebalance: the inputs that made it come again)."""
 
-    def __init__(self, table: MutableMapping[str, Any]) -> None:
+    def __init__(
+        self, table: MutableMapping[str, Any], kept_bytes: int = DEFAULT_KEPT_BYTES
+    ) -> None:
         self.table = table
         self._cache: dict[str, Entry] = {}
-        #: Entries written by ``flush``, decoded, with the very text written: reused while the
-        #: table still holds that text, so that a worker flushing after every input (replays,
-        #: tests) does not parse again, at the next input, what it has just written. Oldest
-        #: dropped first beyond ``MAX_KEPT``.
-        self._kept: dict[str, tuple[bytes, Entry]] = {}
+        #: Entries written by ``flush``, decoded, with the very bytes written and their
+        #: estimated weight: reused while the table still holds those bytes, so that an
+        #: execution with inputs in many batches is unpacked and decoded once, not once per
+        #: batch. Least recently written dropped first beyond ``kept_bytes``; 0 keeps none.
+        self._kept: dict[str, tuple[bytes, Entry, int]] = {}
+        self.kept_bytes = kept_bytes
+        #: the estimated weight of what ``_kept`` holds
+        self.kept_weight = 0
         #: dirty keys per partition: a Faust table writes an entry to the changelog partition
         #: of the input being processed, so the shell flushes one partition at a time.
         self._dirty: dict[int, set[str]] = {}
@@ -234,7 +247,7 @@ class ExecutionStore:
     def restore(self, execution_id: str, text: str, size: int) -> None:
         """The entry back to a ``snapshot``, with a bound on its size; the aggregate and
         parts decoded since are dropped with it (built again from the text when asked)."""
-        self._kept.pop(execution_id, None)
+        self._forget(execution_id)
         self._cache[execution_id] = Entry.decode(text)
         self._sizes[execution_id] = size
         self.touch(execution_id)
@@ -260,18 +273,19 @@ class ExecutionStore:
                 for key in sorted(self._dirty.pop(p, ())):
                     e = self._cache[key]
                     if e.empty():
-                        self._kept.pop(key, None)
+                        self._forget(key)
                         if key in self.table:
                             del self.table[key]
                     else:
-                        packed = e.pack()
+                        text = e.encode()
+                        packed = compact.pack(text)
                         if limit is not None and len(packed) > limit:
                             raise EntryTooLarge(key, len(packed), limit, e.seen[-1:])
                         self.table[key] = packed
-                        self._keep(key, packed, e)
+                        self._keep(key, packed, e, len(text))
                     n += 1
         except BaseException:
-            self._kept.clear()  # a kept entry may hold changes the table did not take
+            self._drop_kept()  # a kept entry may hold changes the table did not take
             raise
         if not any(self._dirty.values()):
             self._dirty.clear()
@@ -279,16 +293,34 @@ class ExecutionStore:
             self._sizes.clear()
         return n
 
-    def _keep(self, key: str, packed: bytes, e: Entry) -> None:
-        self._kept.pop(key, None)
-        if len(self._kept) >= MAX_KEPT:
-            del self._kept[next(iter(self._kept))]
-        self._kept[key] = (packed, e)
+    def _keep(self, key: str, packed: bytes, e: Entry, text_length: int) -> None:
+        self._forget(key)
+        weight = KEPT_BASE_BYTES + KEPT_BYTES_PER_CHAR * text_length
+        if weight > self.kept_bytes:
+            return
+        kept = self._kept
+        while self.kept_weight + weight > self.kept_bytes:
+            self.kept_weight -= kept.pop(next(iter(kept)))[2]
+        kept[key] = (packed, e, weight)
+        self.kept_weight += weight
+
+    def _forget(self, key: str) -> None:
+        was = self._kept.pop(key, None)
+        if was is not None:
+            self.kept_weight -= was[2]
+
+    def _drop_kept(self) -> None:
+        self._kept.clear()
+        self.kept_weight = 0
+
+    def kept(self) -> int:
+        """How many entries are kept decoded."""
+        return len(self._kept)
 
     def discard(self) -> None:
         self._dirty.clear()
         self._cache.clear()
-        self._kept.clear()
+        self._drop_kept()
         self._sizes.clear()
 
     def pending(self) -> int:
