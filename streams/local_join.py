@@ -39,6 +39,9 @@ class LocalJoin:
     grace_ms: int = 0
     marks: dict[int, cl.Watermarks] = field(default_factory=dict)
     books: dict[str, cl.KeyBook] = field(default_factory=dict)
+    #: per claims partition, the books changed by claims since its pending keys were last
+    #: brought up to date (``Watermarks.settled``, before each progress)
+    unsettled: dict[int, dict[str, cl.KeyBook]] = field(default_factory=dict)
     #: what the join has done (the replay's summary)
     links: int = 0
     late: int = 0
@@ -50,17 +53,20 @@ class LocalJoin:
             claim = cl.claim_of(record)
             key = cl.claims_key(claim.connector, claim.key)
             partition = partition_of(key, self.partitions)
-            marks, book, findings = cl.receive_claim(
-                self._marks(partition), self.books.get(key), claim, self.grace_ms
+            # ``cl.receive_claim``, with the watermarks' pending keys settled at the next
+            # progress of the partition (``settled``)
+            book, findings = cl.add_claim(
+                self.books.get(key), claim, self._marks(partition).watermark, self.grace_ms
             )
-            self.marks[partition] = marks
             self.books[key] = book
+            self.unsettled.setdefault(partition, {})[key] = book
             self.late += sum(1 for f in findings if isinstance(f, cl.Late))
             links = cl.links_of(findings)
         elif type(record) is ClaimsProgress:
             assert em.partition is not None  # progress goes to every partition by number
+            marks = self._marks(em.partition).settled(self.unsettled.pop(em.partition, {}))
             marks, changed, links = cl.receive_progress(
-                self._marks(em.partition),
+                marks,
                 record.source_partition,
                 cl.to_ms(record.occurred_at),
                 self._book_of,

@@ -270,3 +270,51 @@ def test_within_the_grace_claims_may_come_in_any_order(
     everything = [c for _, mine in history for c in mine]
     _, reference = feed(everything, T0 + 10**9)
     assert _run(records, grace) == {f for f in reference if isinstance(f, cl.Link)}
+
+
+def _run_steps(records: list[object], grace: int, settle_late: bool) -> list[object]:
+    """Every step's findings and the watermarks at every progress: claim by claim through
+    ``receive_claim``, or through ``add_claim`` with the pending keys settled only before
+    each progress (``Watermarks.settled``, what the claims stage and the replay's join do)."""
+    marks = cl.Watermarks(2)
+    books: dict[str, cl.KeyBook] = {}
+    unsettled: dict[str, cl.KeyBook] = {}
+    steps: list[object] = []
+    for r in records:
+        if isinstance(r, cl.Claim):
+            key = cl.claims_key(r.connector, r.key)
+            if settle_late:
+                books[key], f = cl.add_claim(books.get(key), r, marks.watermark, grace)
+                unsettled[key] = books[key]
+            else:
+                marks, books[key], f = cl.receive_claim(marks, books.get(key), r, grace)
+            steps.append(f)
+        else:
+            marks = marks.settled(unsettled)
+            unsettled = {}
+            _, source, w = r  # type: ignore[misc]
+            marks, changed, links = cl.receive_progress(marks, source, w, books.__getitem__, grace)
+            books.update(changed)
+            steps.append((links, marks))
+    return steps
+
+
+@settings(max_examples=200, deadline=None)
+@given(histories(), st.randoms(use_true_random=False), st.integers(0, 5))
+def test_pending_keys_settled_once_before_a_progress_decide_as_claim_by_claim(
+    history: list[tuple[int, list[cl.Claim]]], rnd: object, lag: int
+) -> None:
+    """Bringing the watermarks' pending keys up to date once before each progress, with the
+    books the claims since left, gives the same findings and watermarks as every claim's
+    ``receive_claim`` copying them, whatever the interleaving and the lateness."""
+    grace = lag * 1000
+    queues = {i: list(mine) for i, (_, mine) in enumerate(history)}
+    records: list[object] = []
+    while any(queues.values()):
+        i = rnd.choice([k for k, q in queues.items() if q])  # type: ignore[attr-defined]
+        records.append(queues[i].pop(0))
+        if rnd.random() < 0.3:  # type: ignore[attr-defined]
+            at = records[-1].at  # type: ignore[attr-defined]
+            records.append(("progress", rnd.choice([0, 1]), at + rnd.choice([-2000, 0, 1000])))  # type: ignore[attr-defined]
+    records += [("progress", 0, T0 + 10**9), ("progress", 1, T0 + 10**9)]
+    assert _run_steps(records, grace, settle_late=True) == _run_steps(records, grace, False)

@@ -125,6 +125,10 @@ class ClaimsStage:
         self._books: dict[str, cl.KeyBook | None] = {}
         self._marks: dict[int, cl.Watermarks] = {}
         self._changed: dict[str, int] = {}
+        #: per claims partition, the books its claims changed since its watermarks' pending
+        #: keys were last brought up to date (``_settle``: before a progress is read, and
+        #: before the watermarks are written)
+        self._unsettled: dict[int, dict[str, cl.KeyBook]] = {}
 
     def run_on(self, batches: Callable[[], AsyncIterator[tuple[int, list[Any]]]]) -> None:
         """The stage's task on the app: every batch of ``batches()`` handled, none raising
@@ -148,7 +152,7 @@ class ClaimsStage:
         table writes sent, its records acknowledged. False if a rebalance dropped it."""
         if generation != self.generation():
             return False
-        self._books, self._marks, self._changed = {}, {}, {}
+        self._books, self._marks, self._changed, self._unsettled = {}, {}, {}, {}
         out: list[Emission] = []
         for msg in batch:
             claim = await self._read_claim(msg)
@@ -165,6 +169,8 @@ class ClaimsStage:
                 out.extend(self._on_claim(env.partition, cl.claim_of(record)))
             elif type(record) is ClaimsProgress:
                 out.extend(self._on_progress(env.partition, record))
+        for partition in list(self._unsettled):
+            self._settle(partition)
         if generation != self.generation():
             return False
         await self._deliver(out)
@@ -178,7 +184,7 @@ class ClaimsStage:
                     book = self._books[key]
                     assert book is not None
                     self.table[key] = cl.dump_book(book).encode()
-        self._books, self._marks, self._changed = {}, {}, {}
+        self._books, self._marks, self._changed, self._unsettled = {}, {}, {}, {}
         await self.table.send(self.changelog)
         if generation != self.generation():
             return False
@@ -258,7 +264,8 @@ class ClaimsStage:
         key = cl.claims_key(claim.connector, claim.key)
         marks = self._marks_of(partition)
         before = self._book(key)
-        new_marks, book, findings = cl.receive_claim(marks, before, claim, self.grace_ms)
+        # ``cl.receive_claim``, with the watermarks' pending keys settled later (``_settle``)
+        book, findings = cl.add_claim(before, claim, marks.watermark, self.grace_ms)
         for f in findings:
             if isinstance(f, cl.Late):
                 self.late += 1
@@ -270,11 +277,24 @@ class ClaimsStage:
         if book is not before:  # (a claim repeated is no change)
             self._books[key] = book
             self._changed[key] = partition
-        if new_marks is not marks:
-            self._set_marks(partition, new_marks)
+            unsettled = self._unsettled.get(partition)
+            if unsettled is None:
+                unsettled = self._unsettled[partition] = {}
+            unsettled[key] = book
         return self._emissions(cl.links_of(findings))
 
+    def _settle(self, partition: int) -> None:
+        """The partition's pending keys brought up to date with the books its claims
+        changed (``Watermarks.settled``)."""
+        books = self._unsettled.pop(partition, None)
+        if books:
+            marks = self._marks_of(partition)
+            settled = marks.settled(books)
+            if settled is not marks:
+                self._set_marks(partition, settled)
+
     def _on_progress(self, partition: int, record: ClaimsProgress) -> list[Emission]:
+        self._settle(partition)
         marks = self._marks_of(partition)
         new_marks, changed, links = cl.receive_progress(
             marks,
