@@ -47,17 +47,19 @@ FIELDS = ("inflight", "closed", "operations", "approvals")
 MAX_SEEN = 64
 #: What the entries kept decoded after a flush (``ExecutionStore._kept``) may weigh, by
 #: default (``VIGIL_STATE_CACHE_MB``). An execution with inputs in several batches is read
-#: back from the table once per batch unless it is kept; on the benchmark's operations log
-#: (20,000 executions, batches of 1,000 inputs) 32 MiB takes the core from 68-74 CPU-µs per
-#: input (0 or 3 MiB) to 58-62, and 64 MiB gains nothing more. 32 MiB holds about 11,000 of
-#: that log's entries.
-DEFAULT_KEPT_BYTES = 32 * 1024 * 1024
+#: back from the table once per batch unless it is kept. On the benchmark's operations log
+#: (20,000 executions, batches of 1,000 inputs) keeping most of them (about 11,000 entries,
+#: 64 MiB by the estimate below) takes the core from 65-77 CPU-µs per input to 58-63; the
+#: default keeps a quarter of that, so that it stays small beside the 2 KiB per in-flight
+#: execution a worker is allowed at 100,000 in flight (BENCHMARKS.md, issue 30 step 4).
+DEFAULT_KEPT_BYTES = 16 * 1024 * 1024
 #: What a decoded entry weighs in memory, estimated from its text's length: Python objects for
-#: the text's fields, its decoded aggregate and parts, the packed bytes. Fitted to tracemalloc's
-#: count of what dropping the kept entries frees: 2.8 KiB at 346 characters of text (the
-#: operations log), 4.2 KiB at 577 (the full mix).
-KEPT_BASE_BYTES = 768
-KEPT_BYTES_PER_CHAR = 6
+#: the text's fields, its decoded aggregate and parts, the packed bytes, and what the allocator
+#: holds around them. Twice what tracemalloc counts freed when the kept entries are dropped
+#: (2.8 KiB at 346 characters of text, 4.2 KiB at 577): a worker's RSS grew by about twice the
+#: budget estimated from that count.
+KEPT_BASE_BYTES = 1536
+KEPT_BYTES_PER_CHAR = 12
 
 #: The key under which an entry's decoded aggregate is kept with its parts (never stored).
 AGGREGATE = "execution"
