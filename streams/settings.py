@@ -206,7 +206,7 @@ class _Environment(BaseSettings):
     max_entry_bytes: Annotated[int, Field(ge=MIN_ENTRY_BYTES, le=MAX_ENTRY_BYTES)] = _var(
         "VIGIL_MAX_ENTRY_BYTES", 512 * 1024
     )
-    state_cache_mb: Annotated[int, Field(ge=0)] = _var("VIGIL_STATE_CACHE_MB", 16)
+    state_cache_mb: Annotated[int, Field(ge=0)] = _var("VIGIL_STATE_CACHE_MB", 8)
     session_timeout: PositiveDuration = _var("VIGIL_SESSION_TIMEOUT", "30s")
     state_gauges_interval: PositiveDuration = _var("VIGIL_STATE_GAUGES_INTERVAL", "10s")
     security_protocol: Annotated[
@@ -401,7 +401,7 @@ class Settings:
     #: weigh (estimated; 0: none kept). An execution whose inputs span many batches is then
     #: unpacked and decoded once, not once per batch: a fixed amount of memory, whatever the
     #: number of executions in flight (``streams.engine.state.ExecutionStore``).
-    state_cache_mb: int = 16
+    state_cache_mb: int = 8
     #: VIGIL_SESSION_TIMEOUT — the consumer group session: a worker silent for longer loses its
     #: partitions, and a worker stopped for longer writes nothing until a heartbeat proves it
     #: a member again (``vigil_worker/lease.py``).

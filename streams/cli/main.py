@@ -523,7 +523,7 @@ def worker(
         typer.Option(
             min=0,
             help="MiB of execution entries kept decoded between batches, estimated (env "
-            "VIGIL_STATE_CACHE_MB, 16; 0: none). Fixed, whatever the executions in flight.",
+            "VIGIL_STATE_CACHE_MB, 8; 0: none). Fixed, whatever the executions in flight.",
         ),
     ] = None,
     loglevel: Annotated[

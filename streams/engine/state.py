@@ -49,10 +49,11 @@ MAX_SEEN = 64
 #: default (``VIGIL_STATE_CACHE_MB``). An execution with inputs in several batches is read
 #: back from the table once per batch unless it is kept. On the benchmark's operations log
 #: (20,000 executions, batches of 1,000 inputs) keeping most of them (about 11,000 entries,
-#: 64 MiB by the estimate below) takes the core from 65-77 CPU-µs per input to 58-63; the
-#: default keeps a quarter of that, so that it stays small beside the 2 KiB per in-flight
-#: execution a worker is allowed at 100,000 in flight (BENCHMARKS.md, issue 30 step 4).
-DEFAULT_KEPT_BYTES = 16 * 1024 * 1024
+#: 64 MiB by the estimate below) takes the core from 65-77 CPU-µs per input to 58-63. The
+#: default is about what the 1,024 entries kept before a budget took (6 to 9 MiB): a worker's
+#: memory at 100,000 in flight, already above the 2 KiB per execution it is allowed, grew by
+#: 250 to 500 B per execution with 16 to 32 MiB kept (BENCHMARKS.md, issue 30 step 4).
+DEFAULT_KEPT_BYTES = 8 * 1024 * 1024
 #: What a decoded entry weighs in memory, estimated from its text's length: Python objects for
 #: the text's fields, its decoded aggregate and parts, the packed bytes, and what the allocator
 #: holds around them. Twice what tracemalloc counts freed when the kept entries are dropped
