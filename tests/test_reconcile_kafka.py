@@ -439,7 +439,12 @@ def test_killed_mid_check_and_restarted_it_publishes_the_outcome_once(stack: Sta
     assert path in killed.requests  # the check is in flight
     stack.stop(stack.procs[0], signal.SIGKILL)
     s = seen(stack.dep, [op])
-    assert s.checks[op].state is ReconciliationState.CHECKING and not s.checks[op].checks
+    # The item's first progress record (CHECKING, no check made) is handed to the producer
+    # before the check starts, not awaited: killed before the broker had it, the record is
+    # lost, and so is nothing else, since the item's offset is committed only once it is
+    # there (the item is read again). Either way no check is on record.
+    if op in s.checks:
+        assert s.checks[op].state is ReconciliationState.CHECKING and not s.checks[op].checks
     stack.running(1)
     s = wait(stack.dep, [op], settled(OperationStatus.VERIFIED)([op]))
     assert s.states[op].effect_ref == f"pi_{op}"
