@@ -5,6 +5,8 @@ claims, within the grace (hypothesis)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -248,6 +250,24 @@ def test_findings_do_not_depend_on_how_the_partitions_interleave(
     assert _run(merged) == {f for f in reference if isinstance(f, cl.Link)}
 
 
+def _interleaved(
+    history: list[tuple[int, list[cl.Claim]]],
+    rnd: object,
+    progress: Callable[[list[object], dict[int, list[cl.Claim]]], None],
+) -> list[object]:
+    """Claims of one execution in order, executions interleaved at random; after each claim
+    ``progress`` may add progress records (given the records so far and the claims still to
+    come); at the end, every source complete."""
+    queues = {i: list(mine) for i, (_, mine) in enumerate(history)}
+    records: list[object] = []
+    while any(queues.values()):
+        i = rnd.choice([k for k, q in queues.items() if q])  # type: ignore[attr-defined]
+        records.append(queues[i].pop(0))
+        progress(records, queues)
+    records += [("progress", 0, T0 + 10**9), ("progress", 1, T0 + 10**9)]
+    return records
+
+
 @settings(max_examples=200, deadline=None)
 @given(histories(), st.randoms(use_true_random=False), st.integers(0, 5))
 def test_within_the_grace_claims_may_come_in_any_order(
@@ -258,15 +278,13 @@ def test_within_the_grace_claims_may_come_in_any_order(
     ``grace`` behind the watermark is still in time): the links are those of every claim at
     once."""
     grace = lag * 1000
-    queues = {i: list(mine) for i, (_, mine) in enumerate(history)}
-    records: list[object] = []
-    while any(queues.values()):
-        i = rnd.choice([k for k, q in queues.items() if q])  # type: ignore[attr-defined]
-        records.append(queues[i].pop(0))
+
+    def progress(records: list[object], queues: dict[int, list[cl.Claim]]) -> None:
         # truly complete below the earliest claim still to come
         lowest = min((q[0].at for q in queues.values() if q), default=T0 + 10**9)
         records += [("progress", 0, lowest + grace), ("progress", 1, lowest + grace)]
-    records += [("progress", 0, T0 + 10**9), ("progress", 1, T0 + 10**9)]
+
+    records = _interleaved(history, rnd, progress)
     everything = [c for _, mine in history for c in mine]
     _, reference = feed(everything, T0 + 10**9)
     assert _run(records, grace) == {f for f in reference if isinstance(f, cl.Link)}
@@ -308,13 +326,11 @@ def test_pending_keys_settled_once_before_a_progress_decide_as_claim_by_claim(
     books the claims since left, gives the same findings and watermarks as every claim's
     ``receive_claim`` copying them, whatever the interleaving and the lateness."""
     grace = lag * 1000
-    queues = {i: list(mine) for i, (_, mine) in enumerate(history)}
-    records: list[object] = []
-    while any(queues.values()):
-        i = rnd.choice([k for k, q in queues.items() if q])  # type: ignore[attr-defined]
-        records.append(queues[i].pop(0))
+
+    def progress(records: list[object], queues: dict[int, list[cl.Claim]]) -> None:
         if rnd.random() < 0.3:  # type: ignore[attr-defined]
             at = records[-1].at  # type: ignore[attr-defined]
             records.append(("progress", rnd.choice([0, 1]), at + rnd.choice([-2000, 0, 1000])))  # type: ignore[attr-defined]
-    records += [("progress", 0, T0 + 10**9), ("progress", 1, T0 + 10**9)]
+
+    records = _interleaved(history, rnd, progress)
     assert _run_steps(records, grace, settle_late=True) == _run_steps(records, grace, False)
