@@ -117,9 +117,13 @@ def delete_made_topics(since: int = 0) -> None:
     """Delete the topics of the deployments made after the first ``since`` (best effort), in
     one request per cluster: at the end of a session that is hundreds of topics, which one
     request per deployment took minutes to delete. With an operation timeout of 0 a KRaft
-    broker acknowledges and deletes nothing: it is waited for."""
+    broker acknowledges and deletes nothing: it is waited for. ``VIGIL_TEST_KEEP_TOPICS=1``
+    keeps them, to read a failed test's outputs and changelogs afterwards."""
     from confluent_kafka.admin import AdminClient
 
+    if os.environ.get("VIGIL_TEST_KEEP_TOPICS"):
+        del made[since:]
+        return
     by_cluster: dict[str, tuple[Settings, list[str]]] = {}
     while len(made) > since:
         settings, prefix = made.pop()

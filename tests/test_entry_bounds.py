@@ -217,8 +217,11 @@ def test_a_quarantined_input_leaves_the_state_as_if_it_never_came() -> None:
 
 def live(log: list[Envelope], batches: list[int]) -> list[Record]:
     """The live worker's way: write-behind, input positions kept, the state flushed after
-    each batch (sizes taken in turn from ``batches``)."""
+    each batch (sizes taken in turn from ``batches``), each partition's offsets committed up
+    to its first input not yet done (``AckOrder``)."""
     committed: dict[tuple[str, int], int] = {}
+    waiting: dict[tuple[str, int], list[int]] = {}
+    done: set[tuple[str, int, int]] = set()
     proc = Processor(
         TOPICS,
         Stores(),
@@ -232,12 +235,15 @@ def live(log: list[Envelope], batches: list[int]) -> list[Record]:
         size = batches[n % len(batches)]
         n += 1
         for e in log[i : i + size]:
+            waiting.setdefault((e.topic, e.partition), []).append(e.offset)
             out += [em.record for em in proc.handle(e, token=e)]
         for p in proc.state.dirty_partitions():
             proc.flush(p)
         proc.flush_clocks()
-        for done in proc.drain_done():
-            committed[(done.topic, done.partition)] = done.offset + 1
+        done.update((d.topic, d.partition, d.offset) for d in proc.drain_done())
+        for tp, offsets in waiting.items():
+            while offsets and (*tp, offsets[0]) in done:
+                committed[tp] = offsets.pop(0) + 1
         i += size
     return out
 

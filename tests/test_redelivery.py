@@ -83,6 +83,10 @@ class Crash(Exception):
 @dataclass
 class Broker:
     stores: Stores = field(default_factory=Stores)
+    #: per partition, the end of the acknowledged prefix: what Faust commits next
+    acked_through: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
+    #: per partition, the committed offset the broker confirmed (what a worker starts from,
+    #: and below which entries forget positions and the offset guard skips records)
     committed: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
     acked: dict[tuple[str, int], set[int]] = field(default_factory=lambda: defaultdict(set))
     published: list[Any] = field(default_factory=list)
@@ -99,16 +103,35 @@ class Broker:
         for e in envs:
             tp = (e.topic, e.partition)
             self.acked[tp].add(e.offset)
-            while self.committed[tp] in self.acked[tp]:
-                self.committed[tp] += 1
+            while self.acked_through[tp] in self.acked[tp]:
+                self.acked_through[tp] += 1
 
-    def run(self, batch: int, crash_at: tuple[int, str] | None) -> None:
-        """Deliver everything from the committed offsets, in log order, in batches."""
+    def commit(self) -> None:
+        self.committed.update(self.acked_through)
+
+    def run(
+        self,
+        batch: int,
+        crash_at: tuple[int, str] | None,
+        again: frozenset[int] = frozenset(),
+        commit_every: int = 1,
+    ) -> None:
+        """Deliver everything from the committed offsets, in log order, in batches; commit
+        the acknowledged offsets after every ``commit_every`` batches. Before each batch
+        numbered in ``again``, what was handed over before and is not committed yet is handed
+        over again (a fetch position gone back: a seek, Faust's resume before its seek), as the
+        worker's offset guard lets it through (``Check.AGAIN``)."""
         proc = self.worker()
         todo = [e for e in LOG if e.offset >= self.committed[(e.topic, e.partition)]]
+        handed = 0
         for n, start in enumerate(range(0, len(todo), batch)):
             phase = crash_at[1] if crash_at is not None and crash_at[0] == n else None
             chunk = todo[start : start + batch]
+            if n in again:
+                chunk = [
+                    e for e in todo[:handed] if e.offset >= self.committed[(e.topic, e.partition)]
+                ] + chunk
+            handed = start + batch
             out = [em for e in chunk for em in proc.handle(e, token=e)]
             if phase == "handled":
                 raise Crash
@@ -126,6 +149,9 @@ class Broker:
             if phase == "clocks":
                 raise Crash
             self.ack(proc.drain_done())
+            if n % commit_every == commit_every - 1:
+                self.commit()
+        self.commit()
 
 
 def check(published: list[Any]) -> None:
@@ -165,6 +191,24 @@ def test_crashes_anywhere_lose_nothing_and_report_nothing_twice(
         except Crash:
             continue
     broker.run(batch, None)
+    check(broker.published)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    batch=st.integers(min_value=1, max_value=120),
+    again=st.frozensets(st.integers(min_value=1, max_value=40), min_size=1, max_size=8),
+    commit_every=st.integers(min_value=1, max_value=4),
+)
+def test_inputs_handed_over_again_are_recognised_as_redelivered_when_released(
+    batch: int, again: frozenset[int], commit_every: int
+) -> None:
+    """A copy of an input handed over again, its first copy applied but not yet committed, is
+    held for the watermark like any input. By the time it is released, the commit may have
+    come, and a later input of its execution made the entry forget the positions below the
+    committed offset: it is still a redelivery, not a DUPLICATE or AFTER_TERMINAL."""
+    broker = Broker()
+    broker.run(batch, None, again, commit_every)
     check(broker.published)
 
 

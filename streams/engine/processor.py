@@ -145,7 +145,8 @@ class Processor:
         flushes once a batch's outputs are delivered); otherwise every ``handle`` flushes.
         ``committed`` (topic, partition -> committed offset), given by the live worker, turns
         on redelivery detection: the input positions each execution applied are kept in its
-        entry until the committed offset passes them. ``max_entry_bytes``: the largest an
+        entry until the committed offset passes them, and an input below the committed offset
+        is a redelivery. ``max_entry_bytes``: the largest an
         execution's packed entry may grow to by an input (``_apply``). ``cross_execution`` (the
         live worker, and a replay, which runs the join in-process: ``streams/local_join.py``)
         turns on the join of attempts across executions (``streams.core.claims``): claims and
@@ -383,9 +384,15 @@ class Processor:
         execution_id: str = record.execution_id  # type: ignore[attr-defined]
         state = self.state
         position: Position | None = None
-        if self.committed is not None:
+        committed = self.committed
+        if committed is not None:
             position = (self._rank.get(env.topic, 0), env.partition, env.offset)
-            if state.applied(execution_id, position):
+            # Below the committed offset, an input is applied and its effect stored, but its
+            # entry may have forgotten its position (``ExecutionStore.mark_applied``): a copy
+            # handed over again before the commit, held for the watermark meanwhile, is
+            # released after it.
+            below = committed(env.topic, env.partition)
+            if (below is not None and env.offset < below) or state.applied(execution_id, position):
                 self.counters.redelivered += 1
                 if not isinstance(record, ev.ExecutionStatusChanged | ev.OperationEvent):
                     # its judgement is due at its own time, as when it was first applied
