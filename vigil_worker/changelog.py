@@ -51,6 +51,12 @@ _DELETED: Any = object()
 #: One changelog record: its partition, key and value (None: a deletion), serialized.
 ChangelogRecord = tuple[int, bytes | None, bytes | None]
 
+#: Changelog records handed to librdkafka before waiting for them (``deliver``). A batch
+#: rarely writes more, but one that does (a watermark deciding every waiting key at once, a
+#: backlog's first batches) would otherwise have librdkafka copy all its records at once; the
+#: memory its copies take stays with the process after they are sent (the C heap keeps it).
+DELIVER_CHUNK = 4096
+
 
 class ChangelogRefused(RuntimeError):
     """Changelog records the broker did not take (or not within the wait)."""
@@ -88,14 +94,20 @@ class ChangelogProducer:
             else:
                 errors.append(f"{topic}[{msg.partition()}]: {err}")
 
-        for partition, key, value in records:
-            while True:
-                try:
-                    produce(topic, value=value, key=key, partition=partition, on_delivery=report)
-                    break
-                except BufferError:  # librdkafka's queue is full: let it drain
-                    poll(0.05)
-        left = await asyncio.to_thread(self.producer.flush, 60.0)
+        left = 0
+        for start in range(0, len(records), DELIVER_CHUNK):
+            for partition, key, value in records[start : start + DELIVER_CHUNK]:
+                while True:
+                    try:
+                        produce(
+                            topic, value=value, key=key, partition=partition, on_delivery=report
+                        )
+                        break
+                    except BufferError:  # librdkafka's queue is full: let it drain
+                        poll(0.05)
+            left = await asyncio.to_thread(self.producer.flush, 60.0)
+            if left or errors:
+                break
         if errors or left or len(got) != len(records):
             raise ChangelogRefused(
                 f"{len(records) - len(got)} of {len(records)} changelog records of {topic} "
