@@ -194,7 +194,7 @@ class _Environment(BaseSettings):
     allowed_lateness: Duration = _var("VIGIL_ALLOWED_LATENESS", "0s")
     api_token: str | None = _var("VIGIL_API_TOKEN")
     sse_keepalive: PositiveDuration = _var("VIGIL_SSE_KEEPALIVE", "15s")
-    batch_size: Count = _var("VIGIL_BATCH_SIZE", 5000)
+    batch_size: Count = _var("VIGIL_BATCH_SIZE", 1000)
     batch_wait: Duration = _var("VIGIL_BATCH_WAIT", "20ms")
     fetch_bytes: Count = _var("VIGIL_FETCH_BYTES", 256 * 1024)
     fetch_min_bytes: Count = _var("VIGIL_FETCH_MIN_BYTES", 16 * 1024)
@@ -356,8 +356,12 @@ class Settings:
     sse_keepalive: timedelta = timedelta(seconds=15)
     #: VIGIL_BATCH_SIZE, VIGIL_BATCH_WAIT — the worker takes up to this many input records, or
     #: what came within this wait, processes them, delivers their outputs, then writes its state
-    #: once for the lot: larger batches, fewer round trips; a longer wait, more latency.
-    batch_size: int = 5000
+    #: once for the lot: larger batches, fewer round trips; a longer wait, more latency. What a
+    #: batch holds until its checkpoint is memory the allocator keeps afterwards: at 100,000
+    #: executions in flight, 5,000-record batches left the worker about 1 KiB per execution
+    #: larger than 1,000-record ones, which are as fast now that entries stay decoded across
+    #: batches (BENCHMARKS.md, issue 30 step 5).
+    batch_size: int = 1000
     batch_wait: timedelta = timedelta(milliseconds=20)
     #: VIGIL_FETCH_BYTES — bytes the consumer fetches ahead per input partition. The fetched
     #: records wait in memory as Python objects until processed; under a backlog that is the

@@ -501,7 +501,7 @@ def worker(
     ] = None,
     batch_size: Annotated[
         int | None,
-        typer.Option(help="Input records per batch at most (env VIGIL_BATCH_SIZE, 5000)."),
+        typer.Option(help="Input records per batch at most (env VIGIL_BATCH_SIZE, 1000)."),
     ] = None,
     batch_wait: Annotated[
         str | None,
