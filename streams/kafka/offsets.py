@@ -14,7 +14,8 @@ broker has confirmed (``confirm``) is skipped: it was processed and its effect s
 entries of the executions forget the positions of the inputs below that offset
 (``ExecutionStore.mark_applied``), so processing it again would judge it a second time. A
 record between that offset and the next one expected is a redelivery and goes on (the
-processor recognises it by the position its entry still keeps). A hole that several seeks in
+processor recognises it by the position its entry still keeps or, when it is applied only after
+a commit past it was confirmed, by that offset: ``Processor._apply``). A hole that several seeks in
 a row cannot fill is real (retention deleted the records, or a transactional producer's
 markers) and is accepted, logged and counted.
 """
