@@ -5,7 +5,9 @@ claims, within the grace (hypothesis)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -162,8 +164,71 @@ def test_books_and_watermarks_survive_storage() -> None:
         ]
     )
     assert cl.load_book(cl.dump_book(book)) == book
-    marks = cl.Watermarks(3, {0: T0, 2: T0 + 5}, frozenset({"k/v"}))
+    marks = cl.Watermarks(3, {0: T0, 2: T0 + 5}, {"k/v": T0 - 7, "k/w": T0})
     assert cl.load_watermarks(cl.dump_watermarks(marks)) == marks
+
+
+def test_pending_keys_stored_without_their_times_are_visited_at_the_next_move() -> None:
+    """Watermarks stored before the pending keys kept their send times list the bare keys:
+    each is read as due at once, visited at the watermark's next move, and then holds its
+    book's time again (or leaves, its send decided)."""
+    early, _ = cl.add_claim(None, claim("exec-a", S.SENT, T0), None)
+    late, _ = cl.add_claim(None, claim("exec-b", S.SENT, T0 + 50_000), None)
+    books = {"c/early": early, "c/late": late}
+    text = json.dumps([2, [[0, T0 - 1], [1, T0 - 1]], ["c/early", "c/late"]])
+    marks = cl.load_watermarks(text)
+    assert dict(marks.pending) == {k: cl.UNKNOWN_SEND_TIME for k in books}
+    visited: list[str] = []
+
+    def load(key: str) -> cl.KeyBook:
+        visited.append(key)
+        return books[key]
+
+    marks, _, _ = cl.receive_progress(marks, 0, T0 + 10_000, load)
+    marks, _, _ = cl.receive_progress(marks, 1, T0 + 10_000, load)
+    assert visited == ["c/early", "c/late"]
+    assert dict(marks.pending) == {"c/late": T0 + 50_000}
+
+
+def test_the_earliest_pending_send_follows_the_keys_settled() -> None:
+    """``earliest`` is the earliest time of ``pending`` whatever ``settled`` adds, moves or
+    takes out: the key that held it decided, a key sending earlier, a new key."""
+    a, _ = cl.add_claim(None, claim("exec-a", S.SENT, T0 + 1_000), None)
+    b, _ = cl.add_claim(None, claim("exec-b", S.SENT, T0 + 5_000), None)
+    marks = cl.Watermarks(1).settled({"c/a": a, "c/b": b})
+    assert (dict(marks.pending), marks.earliest) == (
+        {"c/a": T0 + 1_000, "c/b": T0 + 5_000},
+        T0 + 1_000,
+    )
+    a_decided, _ = cl.decide(a, T0 + 2_000)
+    marks = marks.settled({"c/a": a_decided})
+    assert (dict(marks.pending), marks.earliest) == ({"c/b": T0 + 5_000}, T0 + 5_000)
+    c, _ = cl.add_claim(None, claim("exec-c", S.SENT, T0 + 3_000), None)
+    marks = marks.settled({"c/c": c})
+    assert marks.earliest == T0 + 3_000
+    marks = marks.settled({"c/c": cl.decide(c, T0 + 4_000)[0], "c/b": b})
+    assert (dict(marks.pending), marks.earliest) == ({"c/b": T0 + 5_000}, T0 + 5_000)
+    assert marks.settled({"c/b": cl.decide(b, T0 + 6_000)[0]}).earliest is None
+
+
+def test_a_watermark_move_visits_only_the_keys_it_passes() -> None:
+    """Keys whose earliest send to decide is at or after the new watermark (minus grace) are
+    not loaded: a backlog of waiting keys costs nothing at a move that decides none of them."""
+    books = {
+        f"c/{i}": cl.add_claim(None, claim(f"exec-{i}", S.SENT, T0 + i * 1000), None)[0]
+        for i in range(50)
+    }
+    marks = cl.Watermarks(1).settled(books)
+    visited: list[str] = []
+
+    def load(key: str) -> cl.KeyBook:
+        visited.append(key)
+        return books[key]
+
+    marks, changed, _ = cl.receive_progress(marks, 0, T0 + 3_500, load, grace=1000)
+    assert sorted(visited) == ["c/0", "c/1", "c/2"]
+    assert set(changed) == {"c/0", "c/1", "c/2"}
+    assert set(marks.pending) == {f"c/{i}" for i in range(3, 50)}
 
 
 # -- order independence ------------------------------------------------------------------
@@ -314,7 +379,72 @@ def _run_steps(records: list[object], grace: int, settle_late: bool) -> list[obj
             marks, changed, links = cl.receive_progress(marks, source, w, books.__getitem__, grace)
             books.update(changed)
             steps.append((links, marks))
+        assert marks.earliest == min(marks.pending.values(), default=None)
     return steps
+
+
+def _visit_all(
+    marks: cl.Watermarks,
+    source: int,
+    watermark: int,
+    load: Callable[[str], cl.KeyBook],
+    grace: int = 0,
+) -> tuple[cl.Watermarks, dict[str, cl.KeyBook], list[cl.Link]]:
+    """``receive_progress`` as it was: every pending key visited at every move, in order."""
+    before = marks.watermark
+    marks = marks.note(source, watermark)
+    after = marks.watermark
+    if after is None or after == before:
+        return marks, {}, []
+    changed: dict[str, cl.KeyBook] = {}
+    found: list[cl.Link] = []
+    for key in sorted(marks.pending):
+        original = load(key)
+        book, links = cl.decide(original, after, grace)
+        if book is not original:
+            changed[key] = book
+        found.extend(links)
+        marks = marks.waiting(key, book)
+    return marks, changed, found
+
+
+@settings(max_examples=200, deadline=None)
+@given(histories(), st.randoms(use_true_random=False), st.integers(0, 5))
+def test_visiting_only_the_keys_a_move_passes_decides_as_visiting_all(
+    history: list[tuple[int, list[cl.Claim]]], rnd: object, lag: int
+) -> None:
+    """``receive_progress`` visits the keys whose earliest send the watermark passes; every
+    step's links, changed books and watermarks equal those of visiting every pending key,
+    whatever the interleaving, the progress and the lateness."""
+    grace = lag * 1000
+
+    def progress(records: list[object], queues: dict[int, list[cl.Claim]]) -> None:
+        if rnd.random() < 0.4:  # type: ignore[attr-defined]
+            at = records[-1].at  # type: ignore[attr-defined]
+            records.append(
+                ("progress", rnd.choice([0, 1]), at + rnd.choice([-2000, 0, 1000, 7000]))
+            )  # type: ignore[attr-defined]
+
+    records = _interleaved(history, rnd, progress)
+
+    def run(receive: Callable[..., Any]) -> list[object]:
+        marks = cl.Watermarks(2)
+        books: dict[str, cl.KeyBook] = {}
+        steps: list[object] = []
+        for r in records:
+            if isinstance(r, cl.Claim):
+                key = cl.claims_key(r.connector, r.key)
+                marks, books[key], f = cl.receive_claim(marks, books.get(key), r, grace)
+                steps.append(f)
+            else:
+                _, source, w = r  # type: ignore[misc]
+                marks, changed, links = receive(marks, source, w, books.__getitem__, grace)
+                books.update(changed)
+                steps.append((links, changed, marks))
+            assert marks.earliest == min(marks.pending.values(), default=None)
+        return steps
+
+    assert run(cl.receive_progress) == run(_visit_all)
 
 
 @settings(max_examples=200, deadline=None)

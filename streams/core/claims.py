@@ -335,18 +335,31 @@ class Watermarks:
     them, and the keys of that partition with a send still to decide.
 
     The claims partition's watermark is the minimum over all ``partitions`` input partitions,
-    and none until each has said how far it is."""
+    and none until each has said how far it is.
+
+    ``pending`` maps each key with a send still to decide to that send's time (its book's
+    ``KeyBook.pending``). A move of the watermark visits only the keys it passes, and a move
+    that passes none (``earliest``, the earliest of those times) costs a comparison: under
+    load thousands of keys wait within the grace, and visiting every one of them at every
+    move made the join quadratic in its backlog."""
 
     partitions: int
     marks: dict[int, int] = field(default_factory=dict)
-    pending: frozenset[str] = frozenset()
+    pending: Mapping[str, int] = field(default_factory=dict)
+    earliest: int | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.earliest is None and self.pending:
+            object.__setattr__(self, "earliest", min(self.pending.values()))
 
     def note(self, source: int, watermark: int) -> Watermarks:
         """An input partition's progress; it never goes back (a redelivered older one is
         ignored)."""
         if self.marks.get(source, -1) >= watermark:
             return self
-        return Watermarks(self.partitions, {**self.marks, source: watermark}, self.pending)
+        return Watermarks(
+            self.partitions, {**self.marks, source: watermark}, self.pending, self.earliest
+        )
 
     @property
     def watermark(self) -> int | None:
@@ -355,25 +368,44 @@ class Watermarks:
         return min(self.marks.values())
 
     def waiting(self, key: str, book: KeyBook) -> Watermarks:
-        """``pending`` with ``key`` in or out, as its book has a send to decide or not."""
-        waits = book.pending() is not None
-        if waits == (key in self.pending):
+        """``pending`` with ``key`` in, at its book's earliest send to decide, or out."""
+        t = book.pending()
+        if self.pending.get(key) == t:
             return self
-        pending = self.pending | {key} if waits else self.pending - {key}
+        pending = dict(self.pending)
+        if t is None:
+            del pending[key]
+        else:
+            pending[key] = t
         return Watermarks(self.partitions, self.marks, pending)
 
     def settled(self, books: Mapping[str, KeyBook]) -> Watermarks:
-        """``waiting`` for every key of ``books`` (their latest books) at once. ``pending``
-        is a set of every key with a send to decide, thousands under load: a join that adds
-        many claims between two progress records brings it up to date once, with the books
-        the claims left (``add_claim``), rather than copying it at every claim."""
-        if not books:
+        """``waiting`` for every key of ``books`` (their latest books) at once: a join that
+        adds many claims between two progress records brings ``pending`` up to date once,
+        with the books the claims left (``add_claim``), rather than copying it at every
+        claim."""
+        current, earliest = self.pending, self.earliest
+        pending: dict[str, int] | None = None
+        found_again = False  # the earliest time left or moved: found again from all
+        for key, book in books.items():
+            t = book.pending()
+            was = current.get(key)
+            if was != t:
+                if pending is None:
+                    pending = dict(current)
+                if t is None:
+                    del pending[key]
+                else:
+                    pending[key] = t
+                    if earliest is not None and t < earliest:
+                        earliest = t
+                if was is not None and was == self.earliest:
+                    found_again = True
+        if pending is None:
             return self
-        add = {key for key, book in books.items() if book.pending() is not None}
-        pending = self.pending.difference(books.keys() - add).union(add)
-        if len(pending) == len(self.pending) and pending == self.pending:
-            return self
-        return Watermarks(self.partitions, self.marks, pending)
+        if found_again or earliest is None:
+            earliest = min(pending.values(), default=None)
+        return Watermarks(self.partitions, self.marks, pending, earliest)
 
 
 def receive_claim(
@@ -392,23 +424,32 @@ def receive_progress(
     grace: int = 0,
 ) -> tuple[Watermarks, dict[str, KeyBook], list[Link]]:
     """An input partition's progress read on a claims partition: when the partition's
-    watermark moves, every waiting key decides what it now can, keys in order. Returns the
-    books that changed."""
+    watermark moves, every key whose earliest send to decide it passes (plus grace) decides
+    what it now can, keys in order; a key it does not pass could decide nothing (``decide``).
+    Returns the books that changed."""
     before = marks.watermark
     marks = marks.note(source, watermark)
     after = marks.watermark
     if after is None or after == before:
         return marks, {}, []
+    if marks.earliest is None or marks.earliest + grace >= after:
+        return marks, {}, []
+    due = sorted(key for key, t in marks.pending.items() if t + grace < after)
+    pending = dict(marks.pending)
     changed: dict[str, KeyBook] = {}
     found: list[Link] = []
-    for key in sorted(marks.pending):
+    for key in due:
         original = load(key)
         book, links = decide(original, after, grace)
         if book is not original:
             changed[key] = book
         found.extend(links)
-        marks = marks.waiting(key, book)
-    return marks, changed, found
+        t = book.pending()
+        if t is None:
+            del pending[key]
+        else:
+            pending[key] = t
+    return Watermarks(marks.partitions, marks.marks, pending), changed, found
 
 
 # -- storage ------------------------------------------------------------------------------
@@ -455,15 +496,27 @@ def load_book(text: str) -> KeyBook:
 
 def dump_watermarks(marks: Watermarks) -> str:
     return json.dumps(
-        [marks.partitions, sorted(marks.marks.items()), sorted(marks.pending)],
+        [marks.partitions, sorted(marks.marks.items()), sorted(marks.pending.items())],
         separators=(",", ":"),
         ensure_ascii=False,
     )
 
 
+#: the send time of a pending key stored without one (the format before the times were kept):
+#: before every watermark, so the key is visited at the next move and its time found again
+UNKNOWN_SEND_TIME = -(2**63)
+
+
 def load_watermarks(text: str) -> Watermarks:
+    """Inverse of ``dump_watermarks``; also reads the pending keys stored as bare keys,
+    without their send times (``UNKNOWN_SEND_TIME``)."""
     partitions, marks, pending = json.loads(text)
-    return Watermarks(int(partitions), {int(p): int(w) for p, w in marks}, frozenset(pending))
+    return Watermarks(
+        int(partitions),
+        {int(p): int(w) for p, w in marks},
+        {p: UNKNOWN_SEND_TIME for p in pending if isinstance(p, str)}
+        | {str(p[0]): int(p[1]) for p in pending if not isinstance(p, str)},
+    )
 
 
 def links_of(findings: Iterable[Finding]) -> list[Link]:
