@@ -343,6 +343,10 @@ def summary(results: dict[str, Any], tick: str) -> dict[str, Any]:
         out["peer_peer_cpu_us_per_event"] = m["peer"]["cpu_us_per_event"]
         if "against" in m:
             out["peer_against_events_per_s"] = m["against"]["events_per_s"]
+        if "replay" in m:
+            out["peer_replay_events_per_s"] = m["replay"]["events_per_s"]
+            out["peer_replay_cpu_us_per_event"] = m["replay"]["cpu_us_per_event"]
+            out["peer_replay_over_peer"] = m["replay_over_peer"]
     r = s.get("replay_cli")
     if r and t1:
         out["replay_events_per_s"] = r["events_per_s"]
@@ -486,6 +490,24 @@ def show(results: dict[str, Any]) -> None:
     row(
         "ops-only log: peer, CPU-µs per event",
         sm.get("peer_peer_cpu_us_per_event"),
+        None,
+        "{:,.1f}",
+    )
+    row(
+        "ops-only log: vigil replay, one process, no Faust, events/s",
+        sm.get("peer_replay_events_per_s"),
+        None,
+        "{:,.0f}",
+    )
+    row(
+        "ops-only log: vigil replay ÷ peer (median)",
+        sm.get("peer_replay_over_peer"),
+        None,
+        "{:.2f}",
+    )
+    row(
+        "ops-only log: vigil replay, CPU-µs per event",
+        sm.get("peer_replay_cpu_us_per_event"),
         None,
         "{:,.1f}",
     )

@@ -25,11 +25,17 @@ of those, not a like-for-like comparison.
    same schemas: another commit of the same contracts), checked like vigil's;
 4. events/s, CPU-µs per event (the process's user + system time over the run, by event;
    ticks are not events), and the median over the rounds of each system's events/s and of
-   the ratio of vigil's to the peer's within each round.
+   the ratio of vigil's to the peer's within each round;
+5. in every round, also vigil's per-record path without the worker's shell: a single-process
+   ``vigil replay`` of the same log (``replay_once``: the same Processor and claims join, a
+   confluent-kafka consumer, no Faust, no changelog, no commits), timed from inside, its
+   outputs checked against the pure Processor's like the worker's. What it reaches bounds
+   what any rewrite of the worker's shell alone (its consumer, batches, state store) can give.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -206,6 +212,61 @@ def vigil_run(
     return r
 
 
+def replay_run(
+    dep: h.Deployment, n_events: int, expected: Counter[Any], log: Log
+) -> dict[str, Any]:
+    """vigil's per-record path without the worker's shell: a single-process replay of the
+    deployment's log (``replay_once``) into outputs of its own, its outputs checked against
+    the pure Processor's as the worker's are (the Avro payloads: the replay's output subjects
+    have schema ids of their own)."""
+    suffix = f"-replay-{uuid.uuid4().hex[:6]}"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.peer.replay_once", suffix],
+        env=dep.env(),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the replay failed: {done.stderr[-3000:]}")
+    got_json = json.loads(done.stdout.strip().splitlines()[-1])
+    topics = [f"{t}{suffix}" for t in dep.outputs]
+    outs = h.read_all(dep.settings, topics)
+    want: Counter[Any] = Counter()
+    for (topic, value), n in expected.items():
+        want[(f"{topic}{suffix}", value[5:])] += n
+    got = Counter((o.topic, o.value[5:]) for o in outs if (o.topic, o.value[5:]) in want)
+    seen = Counter(o.topic for o in outs)
+    admin = AdminClient(dep.settings.confluent_conf())
+    for f in admin.delete_topics(topics, operation_timeout=30).values():
+        # best effort: the deployment's prefix marks them as the bench's
+        with contextlib.suppress(Exception):
+            f.result(30)
+    want_topics = Counter[str]()
+    for (topic, _), n in want.items():
+        want_topics[topic] += n
+    r = {
+        "system": "vigil replay (one process, no Faust)",
+        "elapsed_s": got_json["seconds"],
+        "events_per_s": n_events / got_json["seconds"],
+        "cpu_s": got_json["cpu_s"],
+        "cpu_us_per_event": got_json["cpu_s"] / n_events * 1e6,
+        "joined": got_json["joined"],
+        "outputs": dict(Counter(t.rsplit(".", 1)[-1] for t in seen.elements())),
+        # every output on the deterministic topics is the pure Processor's (the payload), as
+        # many times, and nothing else on those topics
+        "outputs_equal_processor": got == want
+        and all(seen[t] == n for t, n in want_topics.items()),
+    }
+    log(
+        f"  replay: {n_events:,} events in {r['elapsed_s']:.1f}s = {r['events_per_s']:,.0f} "
+        f"events/s, {r['cpu_us_per_event']:.1f} CPU-µs per event; outputs equal to the pure "
+        f"Processor's: {r['outputs_equal_processor']}"
+    )
+    return r
+
+
 def peer_run(
     base: Settings, dep: h.Deployment, n_events: int, python: Path, log: Log
 ) -> dict[str, Any]:
@@ -342,7 +403,7 @@ def section(
     against: Path | None = None,
 ) -> dict[str, Any]:
     python = ensure_venv(log)
-    systems = ["vigil", "peer"] + (["against"] if against is not None else [])
+    systems = ["vigil", "peer", "replay"] + (["against"] if against is not None else [])
     result: dict[str, Any] = {
         "executions": executions,
         "method": __doc__,
@@ -372,6 +433,8 @@ def section(
                 rr["vigil"] = vigil_run(base, dep, n_events, expected, log)
             elif s == "peer":
                 rr["peer"] = peer_run(base, dep, n_events, python, log)
+            elif s == "replay":
+                rr["replay"] = replay_run(dep, n_events, expected, log)
             else:
                 # a deployment of its own (topics, group), the same log
                 assert against is not None
@@ -388,6 +451,7 @@ def section(
         v, p = rr["vigil"], rr["peer"]
         rr["vigil_over_peer"] = v["events_per_s"] / p["events_per_s"]
         rr["peer_cpu_over_vigil"] = v["cpu_us_per_event"] / p["cpu_us_per_event"]
+        rr["replay_over_peer"] = rr["replay"]["events_per_s"] / p["events_per_s"]
         if "against" in rr:
             rr["vigil_over_against"] = v["events_per_s"] / rr["against"]["events_per_s"]
         log(
@@ -405,8 +469,10 @@ def section(
         for s in systems
     }
     result["median"]["vigil_over_peer"] = statistics.median(r["vigil_over_peer"] for r in rs)
+    result["median"]["replay_over_peer"] = statistics.median(r["replay_over_peer"] for r in rs)
     result["all_checks_passed"] = all(
         r["vigil"]["outputs_equal_processor"]
+        and r["replay"]["outputs_equal_processor"]
         and r["check"]["unknown_sets_equal"]
         and (r.get("against") or {}).get("outputs_equal_processor", True)
         for r in rs
