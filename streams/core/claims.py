@@ -341,7 +341,10 @@ class Watermarks:
     ``KeyBook.pending``). A move of the watermark visits only the keys it passes, and a move
     that passes none (``earliest``, the earliest of those times) costs a comparison: under
     load thousands of keys wait within the grace, and visiting every one of them at every
-    move made the join quadratic in its backlog."""
+    move made the join quadratic in its backlog. The times are not stored
+    (``dump_watermarks``): watermarks read back have every key due at once
+    (``UNKNOWN_SEND_TIME``), and their next move visits each key once and finds its time.
+    The stored form stays the one earlier releases read and write."""
 
     partitions: int
     marks: dict[int, int] = field(default_factory=dict)
@@ -496,26 +499,24 @@ def load_book(text: str) -> KeyBook:
 
 def dump_watermarks(marks: Watermarks) -> str:
     return json.dumps(
-        [marks.partitions, sorted(marks.marks.items()), sorted(marks.pending.items())],
+        [marks.partitions, sorted(marks.marks.items()), sorted(marks.pending)],
         separators=(",", ":"),
         ensure_ascii=False,
     )
 
 
-#: the send time of a pending key stored without one (the format before the times were kept):
+#: the send time of a pending key read from storage, which keeps the keys and not their times:
 #: before every watermark, so the key is visited at the next move and its time found again
 UNKNOWN_SEND_TIME = -(2**63)
 
 
 def load_watermarks(text: str) -> Watermarks:
-    """Inverse of ``dump_watermarks``; also reads the pending keys stored as bare keys,
-    without their send times (``UNKNOWN_SEND_TIME``)."""
+    """Inverse of ``dump_watermarks``, the pending keys' times unknown (``Watermarks``)."""
     partitions, marks, pending = json.loads(text)
     return Watermarks(
         int(partitions),
         {int(p): int(w) for p, w in marks},
-        {p: UNKNOWN_SEND_TIME for p in pending if isinstance(p, str)}
-        | {str(p[0]): int(p[1]) for p in pending if not isinstance(p, str)},
+        dict.fromkeys(map(str, pending), UNKNOWN_SEND_TIME),
     )
 
 
