@@ -238,14 +238,14 @@ def replay_run(
         want[(f"{topic}{suffix}", value[5:])] += n
     got = Counter((o.topic, o.value[5:]) for o in outs if (o.topic, o.value[5:]) in want)
     seen = Counter(o.topic for o in outs)
+    want_topics: Counter[str] = Counter()
+    for (topic, _), n in want.items():
+        want_topics[topic] += n
     admin = AdminClient(dep.settings.confluent_conf())
     for f in admin.delete_topics(topics, operation_timeout=30).values():
         # best effort: the deployment's prefix marks them as the bench's
         with contextlib.suppress(Exception):
             f.result(30)
-    want_topics = Counter[str]()
-    for (topic, _), n in want.items():
-        want_topics[topic] += n
     r = {
         "system": "vigil replay (one process, no Faust)",
         "elapsed_s": got_json["seconds"],
@@ -253,7 +253,7 @@ def replay_run(
         "cpu_s": got_json["cpu_s"],
         "cpu_us_per_event": got_json["cpu_s"] / n_events * 1e6,
         "joined": got_json["joined"],
-        "outputs": dict(Counter(t.rsplit(".", 1)[-1] for t in seen.elements())),
+        "outputs": {t.rsplit(".", 1)[-1]: n for t, n in seen.items()},
         # every output on the deterministic topics is the pure Processor's (the payload), as
         # many times, and nothing else on those topics
         "outputs_equal_processor": got == want

@@ -352,6 +352,7 @@ class Watermarks:
     earliest: int | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        # (a copy of ``pending`` is O(n) already: finding the earliest again costs no more)
         if self.earliest is None and self.pending:
             object.__setattr__(self, "earliest", min(self.pending.values()))
 
@@ -376,10 +377,7 @@ class Watermarks:
         if self.pending.get(key) == t:
             return self
         pending = dict(self.pending)
-        if t is None:
-            del pending[key]
-        else:
-            pending[key] = t
+        _put(pending, key, t)
         return Watermarks(self.partitions, self.marks, pending)
 
     def settled(self, books: Mapping[str, KeyBook]) -> Watermarks:
@@ -387,28 +385,24 @@ class Watermarks:
         adds many claims between two progress records brings ``pending`` up to date once,
         with the books the claims left (``add_claim``), rather than copying it at every
         claim."""
-        current, earliest = self.pending, self.earliest
         pending: dict[str, int] | None = None
-        found_again = False  # the earliest time left or moved: found again from all
         for key, book in books.items():
             t = book.pending()
-            was = current.get(key)
-            if was != t:
+            if self.pending.get(key) != t:
                 if pending is None:
-                    pending = dict(current)
-                if t is None:
-                    del pending[key]
-                else:
-                    pending[key] = t
-                    if earliest is not None and t < earliest:
-                        earliest = t
-                if was is not None and was == self.earliest:
-                    found_again = True
+                    pending = dict(self.pending)
+                _put(pending, key, t)
         if pending is None:
             return self
-        if found_again or earliest is None:
-            earliest = min(pending.values(), default=None)
-        return Watermarks(self.partitions, self.marks, pending, earliest)
+        return Watermarks(self.partitions, self.marks, pending)
+
+
+def _put(pending: dict[str, int], key: str, t: int | None) -> None:
+    """``key`` in ``pending`` at send time ``t``, or out of it when ``t`` is None."""
+    if t is None:
+        pending.pop(key, None)
+    else:
+        pending[key] = t
 
 
 def receive_claim(
@@ -447,11 +441,7 @@ def receive_progress(
         if book is not original:
             changed[key] = book
         found.extend(links)
-        t = book.pending()
-        if t is None:
-            del pending[key]
-        else:
-            pending[key] = t
+        _put(pending, key, book.pending())
     return Watermarks(marks.partitions, marks.marks, pending), changed, found
 
 
