@@ -40,8 +40,11 @@ class LocalJoin:
     marks: dict[int, cl.Watermarks] = field(default_factory=dict)
     books: dict[str, cl.KeyBook] = field(default_factory=dict)
     #: per claims partition, the books changed by claims since its pending keys were last
-    #: brought up to date (``Watermarks.settled``, before each progress)
+    #: brought up to date (``Watermarks.settled``, before a progress that can pass a send)
     unsettled: dict[int, dict[str, cl.KeyBook]] = field(default_factory=dict)
+    #: per claims partition, the earliest send to decide of the unsettled books when they were
+    #: taken (``_passes``)
+    unsettled_earliest: dict[int, int] = field(default_factory=dict)
     #: what the join has done (the replay's summary)
     links: int = 0
     late: int = 0
@@ -60,24 +63,49 @@ class LocalJoin:
             )
             self.books[key] = book
             self.unsettled.setdefault(partition, {})[key] = book
-            self.late += sum(1 for f in findings if isinstance(f, cl.Late))
+            sent = book.pending()
+            first = self.unsettled_earliest.get(partition)
+            if sent is not None and (first is None or sent < first):
+                self.unsettled_earliest[partition] = sent
+            if findings:
+                self.late += sum(1 for f in findings if isinstance(f, cl.Late))
             links = cl.links_of(findings)
         elif type(record) is ClaimsProgress:
-            assert em.partition is not None  # progress goes to every partition by number
-            marks = self._marks(em.partition).settled(self.unsettled.pop(em.partition, {}))
+            partition = em.partition
+            assert partition is not None  # progress goes to every partition by number
+            marks = self._marks(partition)
+            source, at = record.source_partition, cl.to_ms(record.occurred_at)
+            if not self._passes(partition, marks, marks.note(source, at).watermark):
+                # ``cl.receive_progress`` would decide nothing: only the watermark is noted,
+                # and the unsettled books wait for a move that passes a send
+                self.marks[partition] = marks.note(source, at)
+                return []
+            self.unsettled_earliest.pop(partition, None)
+            marks = marks.settled(self.unsettled.pop(partition, {}))
             marks, changed, links = cl.receive_progress(
-                marks,
-                record.source_partition,
-                cl.to_ms(record.occurred_at),
-                self._book_of,
-                self.grace_ms,
+                marks, source, at, self._book_of, self.grace_ms
             )
-            self.marks[em.partition] = marks
+            self.marks[partition] = marks
             self.books.update(changed)
         else:
             raise TypeError(f"not a record of the claims topic: {record.avro_name}")
         self.links += len(links)
         return links
+
+    def _passes(self, partition: int, marks: cl.Watermarks, after: int | None) -> bool:
+        """Whether moving the partition's watermark to ``after`` could pass a send to decide:
+        one of its pending keys' (``marks.earliest``) or one of the books claims changed since
+        they were last settled (``unsettled_earliest``, never later than the earliest of
+        those books' sends). When it cannot, ``receive_progress`` on the settled watermarks
+        would only note the progress, so settling can wait: ``settled`` gives the same
+        pending keys from the latest books whenever it runs."""
+        if after is None or after == marks.watermark:
+            return False
+        first = marks.earliest
+        unsettled = self.unsettled_earliest.get(partition)
+        if unsettled is not None and (first is None or unsettled < first):
+            first = unsettled
+        return first is not None and first + self.grace_ms < after
 
     def _marks(self, partition: int) -> cl.Watermarks:
         return self.marks.get(partition) or cl.Watermarks(self.partitions)

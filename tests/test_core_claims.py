@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from streams.contracts.models.enums import OperationStatus as S
 from streams.core import claims as cl
+from streams.kafka.partitioning import partition_of
 
 T0 = 1_785_000_000_000
 KEY = ("pay-gw", "order-42")
@@ -383,8 +384,37 @@ def _run_steps(records: list[object], grace: int, settle_late: bool) -> list[obj
             marks, changed, links = cl.receive_progress(marks, source, w, books.__getitem__, grace)
             books.update(changed)
             steps.append((links, marks))
-        assert marks.earliest == min(marks.pending.values(), default=None)
+        _assert_ordered(marks)
     return steps
+
+
+def _assert_ordered(marks: cl.Watermarks) -> None:
+    """``order`` is ``pending``'s (time, key) pairs sorted, and ``earliest`` the first time,
+    after whatever made the value: the index a move bisects must never drift from the map."""
+    assert list(marks.order) == sorted((t, k) for k, t in marks.pending.items())
+    assert marks.earliest == min(marks.pending.values(), default=None)
+
+
+def _random_progress(
+    rnd: Any, share: float
+) -> Callable[[list[object], dict[int, list[cl.Claim]]], None]:
+    """After a claim, with probability ``share``, a progress of either source around its time,
+    possibly behind it or ahead of claims still to come (lateness)."""
+
+    def progress(records: list[object], queues: dict[int, list[cl.Claim]]) -> None:
+        if rnd.random() < share:
+            at = records[-1].at  # type: ignore[attr-defined]
+            records.append(
+                ("progress", rnd.choice([0, 1]), at + rnd.choice([-2000, 0, 1000, 7000]))
+            )
+
+    return progress
+
+
+def _assert_pending(book: cl.KeyBook) -> None:
+    """``pending`` is the earliest ``sent_at`` of the attempts not decided yet."""
+    sends = [book.sent_at(ref) for ref in book.attempts if ref not in book.decided]
+    assert book.pending() == min((t for t in sends if t is not None), default=None)
 
 
 def _visit_all(
@@ -423,14 +453,7 @@ def test_visiting_only_the_keys_a_move_passes_decides_as_visiting_all(
     watermarks are stored and read back (their times unknown) between any two records."""
     grace = lag * 1000
 
-    def progress(records: list[object], queues: dict[int, list[cl.Claim]]) -> None:
-        if rnd.random() < 0.4:  # type: ignore[attr-defined]
-            at = records[-1].at  # type: ignore[attr-defined]
-            records.append(
-                ("progress", rnd.choice([0, 1]), at + rnd.choice([-2000, 0, 1000, 7000]))
-            )  # type: ignore[attr-defined]
-
-    records = _interleaved(history, rnd, progress)
+    records = _interleaved(history, rnd, _random_progress(rnd, 0.4))
 
     def run(receive: Callable[..., Any], stored: bool = False) -> list[object]:
         marks = cl.Watermarks(2)
@@ -449,7 +472,7 @@ def test_visiting_only_the_keys_a_move_passes_decides_as_visiting_all(
                 marks, changed, links = receive(marks, source, w, books.__getitem__, grace)
                 books.update(changed)
                 steps.append((links, changed, marks.marks, set(marks.pending)))
-            assert marks.earliest == min(marks.pending.values(), default=None)
+            _assert_ordered(marks)
         return steps
 
     every_key = run(_visit_all)
@@ -474,3 +497,52 @@ def test_pending_keys_settled_once_before_a_progress_decide_as_claim_by_claim(
 
     records = _interleaved(history, rnd, progress)
     assert _run_steps(records, grace, settle_late=True) == _run_steps(records, grace, False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(histories(), st.randoms(use_true_random=False), st.integers(0, 5))
+def test_the_replays_join_settles_only_before_a_move_that_can_decide(
+    history: list[tuple[int, list[cl.Claim]]], rnd: object, lag: int
+) -> None:
+    """``LocalJoin`` (the replay's join, streams/local_join.py) brings a claims partition's
+    pending keys up to date only before a progress that can pass a send; every progress
+    settled first, as the claims stage does, decides the same links in the same order,
+    leaves the same books and, settled, the same watermarks."""
+    from streams.engine.emission import Emission
+    from streams.local_join import LocalJoin
+
+    grace = lag * 1000
+    partitions = 2
+
+    records = _interleaved(history, rnd, _random_progress(rnd, 0.5))
+    join = LocalJoin(partitions, grace)
+    marks = {p: cl.Watermarks(partitions) for p in range(partitions)}
+    books: dict[str, cl.KeyBook] = {}
+    lazy: list[cl.Link] = []
+    eager: list[cl.Link] = []
+    for r in records:
+        if isinstance(r, cl.Claim):
+            key = cl.claims_key(r.connector, r.key)
+            p = partition_of(key, partitions)
+            lazy += join.take(Emission("claims", key, cl.claim_record(r)))
+            marks[p], books[key], found = cl.receive_claim(marks[p], books.get(key), r, grace)
+            eager += cl.links_of(found)
+            _assert_pending(books[key])
+        else:
+            _, source, w = r  # type: ignore[misc]
+            for p in range(partitions):
+                em = Emission("claims", None, cl.progress_record(source, partitions, w), (), p)
+                lazy += join.take(em)
+                marks[p], changed, links = cl.receive_progress(
+                    marks[p], source, w, books.__getitem__, grace
+                )
+                books.update(changed)
+                eager += links
+                for book in changed.values():
+                    _assert_pending(book)
+    assert lazy == eager
+    assert join.books == books
+    for p in range(partitions):
+        settled = join.marks[p].settled(join.unsettled.get(p, {}))
+        assert settled == marks[p]
+        _assert_ordered(settled)

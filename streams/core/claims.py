@@ -34,7 +34,8 @@ each function returns a new book.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -154,13 +155,19 @@ class KeyBook:
         return None
 
     def pending(self) -> int | None:
-        """The earliest send not decided yet: the watermark must pass it (plus grace)."""
-        times = [
-            t
-            for ref in self.attempts
-            if ref not in self.decided and (t := self.sent_at(ref)) is not None
-        ]
-        return min(times, default=None)
+        """The earliest send not decided yet: the watermark must pass it (plus grace).
+        (``sent_at`` of every undecided attempt, inlined: asked once per claim taken.)"""
+        first: int | None = None
+        decided = self.decided
+        for ref, transitions in self.attempts.items():
+            if ref in decided:
+                continue
+            for at, status in transitions:
+                if status in BLOCKS_RETRY:
+                    if first is None or at < first:
+                        first = at
+                    break
+        return first
 
 
 def _order(book: KeyBook, ref: Ref) -> tuple[int, str, str, int]:
@@ -338,10 +345,11 @@ class Watermarks:
     and none until each has said how far it is.
 
     ``pending`` maps each key with a send still to decide to that send's time (its book's
-    ``KeyBook.pending``). A move of the watermark visits only the keys it passes, and a move
-    that passes none (``earliest``, the earliest of those times) costs a comparison: under
-    load thousands of keys wait within the grace, and visiting every one of them at every
-    move made the join quadratic in its backlog. The times are not stored
+    ``KeyBook.pending``), and ``order`` holds the same (time, key) pairs sorted, so the keys a
+    move of the watermark passes are a prefix of it, found by bisection: under load thousands
+    of keys wait within the grace, and a move (one per progress record) that scanned them all
+    in Python made the join's cost grow with its backlog. A new value copies the two (C-speed
+    copies of references) and changes only the keys concerned. The times are not stored
     (``dump_watermarks``): watermarks read back have every key due at once
     (``UNKNOWN_SEND_TIME``), and their next move visits each key once and finds its time.
     The stored form stays the one earlier releases read and write."""
@@ -349,12 +357,19 @@ class Watermarks:
     partitions: int
     marks: dict[int, int] = field(default_factory=dict)
     pending: Mapping[str, int] = field(default_factory=dict)
-    earliest: int | None = field(default=None, compare=False, repr=False)
+    #: ``pending``'s (time, key) pairs in order; derived from it when not given (None). Never
+    #: changed in place once the value is made.
+    order: Sequence[tuple[int, str]] = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        # (a copy of ``pending`` is O(n) already: finding the earliest again costs no more)
-        if self.earliest is None and self.pending:
-            object.__setattr__(self, "earliest", min(self.pending.values()))
+        if self.order is None:
+            object.__setattr__(self, "order", sorted((t, k) for k, t in self.pending.items()))
+
+    @property
+    def earliest(self) -> int | None:
+        """The earliest time of ``pending`` (None: no key waits)."""
+        order = self.order
+        return order[0][0] if order else None
 
     def note(self, source: int, watermark: int) -> Watermarks:
         """An input partition's progress; it never goes back (a redelivered older one is
@@ -362,7 +377,7 @@ class Watermarks:
         if self.marks.get(source, -1) >= watermark:
             return self
         return Watermarks(
-            self.partitions, {**self.marks, source: watermark}, self.pending, self.earliest
+            self.partitions, {**self.marks, source: watermark}, self.pending, self.order
         )
 
     @property
@@ -376,9 +391,9 @@ class Watermarks:
         t = book.pending()
         if self.pending.get(key) == t:
             return self
-        pending = dict(self.pending)
-        _put(pending, key, t)
-        return Watermarks(self.partitions, self.marks, pending)
+        pending, order = dict(self.pending), list(self.order)
+        _put(pending, order, key, t)
+        return Watermarks(self.partitions, self.marks, pending, order)
 
     def settled(self, books: Mapping[str, KeyBook]) -> Watermarks:
         """``waiting`` for every key of ``books`` (their latest books) at once: a join that
@@ -386,23 +401,31 @@ class Watermarks:
         with the books the claims left (``add_claim``), rather than copying it at every
         claim."""
         pending: dict[str, int] | None = None
+        order: list[tuple[int, str]] = []
         for key, book in books.items():
             t = book.pending()
             if self.pending.get(key) != t:
                 if pending is None:
-                    pending = dict(self.pending)
-                _put(pending, key, t)
+                    pending, order = dict(self.pending), list(self.order)
+                _put(pending, order, key, t)
         if pending is None:
             return self
-        return Watermarks(self.partitions, self.marks, pending)
+        return Watermarks(self.partitions, self.marks, pending, order)
 
 
-def _put(pending: dict[str, int], key: str, t: int | None) -> None:
-    """``key`` in ``pending`` at send time ``t``, or out of it when ``t`` is None."""
+def _put(pending: dict[str, int], order: list[tuple[int, str]], key: str, t: int | None) -> None:
+    """``key`` in ``pending`` (and ``order``) at send time ``t``, or out of them when ``t`` is
+    None."""
+    old = pending.get(key)
+    if old == t:
+        return
+    if old is not None:
+        del order[bisect_left(order, (old, key))]
     if t is None:
-        pending.pop(key, None)
+        del pending[key]
     else:
         pending[key] = t
+        insort(order, (t, key))
 
 
 def receive_claim(
@@ -431,8 +454,11 @@ def receive_progress(
         return marks, {}, []
     if marks.earliest is None or marks.earliest + grace >= after:
         return marks, {}, []
-    due = sorted(key for key, t in marks.pending.items() if t + grace < after)
+    # the pairs (t, key) with t + grace < after: those before (after - grace, "")
+    passed = bisect_left(marks.order, (after - grace, ""))
+    due = sorted(key for _, key in marks.order[:passed])
     pending = dict(marks.pending)
+    order = list(marks.order[passed:])
     changed: dict[str, KeyBook] = {}
     found: list[Link] = []
     for key in due:
@@ -441,8 +467,13 @@ def receive_progress(
         if book is not original:
             changed[key] = book
         found.extend(links)
-        _put(pending, key, book.pending())
-    return Watermarks(marks.partitions, marks.marks, pending), changed, found
+        t = book.pending()
+        if t is None:
+            del pending[key]
+        else:  # still waiting: at its next send to decide (out of ``order`` already)
+            pending[key] = t
+            insort(order, (t, key))
+    return Watermarks(marks.partitions, marks.marks, pending, order), changed, found
 
 
 # -- storage ------------------------------------------------------------------------------
