@@ -458,7 +458,7 @@ def receive_progress(
     passed = bisect_left(marks.order, (after - grace, ""))
     due = sorted(key for _, key in marks.order[:passed])
     pending = dict(marks.pending)
-    order = list(marks.order[passed:])
+    waiting: list[tuple[int, str]] = []
     changed: dict[str, KeyBook] = {}
     found: list[Link] = []
     for key in due:
@@ -470,9 +470,15 @@ def receive_progress(
         t = book.pending()
         if t is None:
             del pending[key]
-        else:  # still waiting: at its next send to decide (out of ``order`` already)
+        else:  # still waiting, at its next send to decide
             pending[key] = t
-            insort(order, (t, key))
+            waiting.append((t, key))
+    order = list(marks.order[passed:])
+    if waiting:
+        # two sorted runs: one merge (the watermarks read back from the table pass every key)
+        waiting.sort()
+        order += waiting
+        order.sort()
     return Watermarks(marks.partitions, marks.marks, pending, order), changed, found
 
 
