@@ -541,6 +541,12 @@ def _blocking(
     idempotency key, that is in flight or verified. All of them, not only the last one: an
     UNKNOWN attempt 1 is still a risk after a (forbidden) attempt 2 was rejected."""
     same_key = book.by_idempotency_key.get(key, ()) if key else ()
+    if not same_key or same_key == (operation_id,):
+        # the common case, once per send: no other operation under the key, and this attempt
+        # the operation's only one (or its first)
+        op = book.operations.get(operation_id)
+        if op is None or op.attempts.keys() <= {attempt}:
+            return []
     found: list[tuple[str, AttemptRecord]] = []
     for op_id in sorted({operation_id, *same_key} & book.operations.keys()):
         for a, rec in sorted(book.operations[op_id].attempts.items()):
