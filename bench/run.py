@@ -343,6 +343,9 @@ def summary(results: dict[str, Any], tick: str) -> dict[str, Any]:
         out["peer_peer_cpu_us_per_event"] = m["peer"]["cpu_us_per_event"]
         if "against" in m:
             out["peer_against_events_per_s"] = m["against"]["events_per_s"]
+            out["peer_against_cpu_us_per_event"] = m["against"]["cpu_us_per_event"]
+        if "against_replay" in m:
+            out["peer_against_replay_cpu_us_per_event"] = m["against_replay"]["cpu_us_per_event"]
         if "replay" in m:
             out["peer_replay_events_per_s"] = m["replay"]["events_per_s"]
             out["peer_replay_cpu_us_per_event"] = m["replay"]["cpu_us_per_event"]
@@ -516,6 +519,18 @@ def show(results: dict[str, Any]) -> None:
         sm.get("peer_against_events_per_s"),
         None,
         "{:,.0f}",
+    )
+    row(
+        "ops-only log: --peer-against worker, CPU-µs per event",
+        sm.get("peer_against_cpu_us_per_event"),
+        None,
+        "{:,.1f}",
+    )
+    row(
+        "ops-only log: --peer-against replay, CPU-µs per event",
+        sm.get("peer_against_replay_cpu_us_per_event"),
+        None,
+        "{:,.1f}",
     )
     console.print(t)
 

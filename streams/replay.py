@@ -80,6 +80,10 @@ REPLAY_FLUSH_EVERY = 20_000
 PROGRESS_EVERY = 2_000
 #: records asked of the consumer at a time.
 CONSUME_BATCH = 1_000
+#: how long one ask waits for a full batch: it returns early only once it has one, and the
+#: last records of the log (or of a partition resumed after a pause, fetched again) are fewer;
+#: the loop asks again at once, so a short wait costs nothing and a long one is idle time.
+CONSUME_WAIT_S = 0.05
 #: the outputs producer waits this long to fill its batches: a replay is about throughput, and
 #: fewer, larger produce requests leave the broker more of the machine.
 REPLAY_LINGER_MS = 50
@@ -291,7 +295,7 @@ def replay_partitions(
         lateness_ms = settings.allowed_lateness // timedelta(milliseconds=1)
         paused: set[tuple[str, int]] = set()
         while remaining:
-            for msg in consumer.consume(CONSUME_BATCH, 1.0):
+            for msg in consumer.consume(CONSUME_BATCH, CONSUME_WAIT_S):
                 tp = (msg.topic(), msg.partition())
                 if msg.error():
                     if msg.error().code() == KafkaError._PARTITION_EOF:

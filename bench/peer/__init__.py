@@ -213,16 +213,23 @@ def vigil_run(
 
 
 def replay_run(
-    dep: h.Deployment, n_events: int, expected: Counter[Any], log: Log
+    dep: h.Deployment,
+    n_events: int,
+    expected: Counter[Any],
+    log: Log,
+    name: str = "replay",
+    tree: Path | None = None,
 ) -> dict[str, Any]:
     """vigil's per-record path without the worker's shell: a single-process replay of the
-    deployment's log (``replay_once``) into outputs of its own, its outputs checked against
-    the pure Processor's as the worker's are (the Avro payloads: the replay's output subjects
-    have schema ids of their own)."""
+    deployment's log (``replay_once``, of this checkout or of ``tree``) into outputs of its
+    own, its outputs checked against the pure Processor's as the worker's are (the Avro
+    payloads: the replay's output subjects have schema ids of their own)."""
     suffix = f"-replay-{uuid.uuid4().hex[:6]}"
+    env = dep.env() if tree is None else dep.env(PYTHONPATH=str(tree))
     done = subprocess.run(
         [sys.executable, "-m", "bench.peer.replay_once", suffix],
-        env=dep.env(),
+        env=env,
+        cwd=tree,
         capture_output=True,
         text=True,
         timeout=1800,
@@ -247,7 +254,8 @@ def replay_run(
         with contextlib.suppress(Exception):
             f.result(30)
     r = {
-        "system": "vigil replay (one process, no Faust)",
+        "system": "vigil replay (one process, no Faust)"
+        + (f" at {tree.name}" if tree is not None else ""),
         "elapsed_s": got_json["seconds"],
         "events_per_s": n_events / got_json["seconds"],
         "cpu_s": got_json["cpu_s"],
@@ -260,7 +268,7 @@ def replay_run(
         and all(seen[t] == n for t, n in want_topics.items()),
     }
     log(
-        f"  replay: {n_events:,} events in {r['elapsed_s']:.1f}s = {r['events_per_s']:,.0f} "
+        f"  {name}: {n_events:,} events in {r['elapsed_s']:.1f}s = {r['events_per_s']:,.0f} "
         f"events/s, {r['cpu_us_per_event']:.1f} CPU-µs per event; outputs equal to the pure "
         f"Processor's: {r['outputs_equal_processor']}"
     )
@@ -445,6 +453,9 @@ def section(
                 name = f"vigil at {against.name}"
                 rr["against"] = vigil_run(base, dep2, n_events, expected2, log, name, against)
                 rr["against"].pop("_outs")
+                rr["against_replay"] = replay_run(
+                    dep2, n_events, expected2, log, f"replay at {against.name}", against
+                )
                 h.delete_deployment(dep2)
         rr["load_end"] = os.getloadavg()
         rr["check"] = compare(dep, rr["vigil"].pop("_outs"), rr["peer"].pop("_outs"))
@@ -461,12 +472,13 @@ def section(
         result["rounds"].append(rr)
         h.delete_deployment(dep)
     rs = result["rounds"]
+    measured = systems + (["against_replay"] if against is not None else [])
     result["median"] = {
         s: {
             "events_per_s": statistics.median(r[s]["events_per_s"] for r in rs),
             "cpu_us_per_event": statistics.median(r[s]["cpu_us_per_event"] for r in rs),
         }
-        for s in systems
+        for s in measured
     }
     result["median"]["vigil_over_peer"] = statistics.median(r["vigil_over_peer"] for r in rs)
     result["median"]["replay_over_peer"] = statistics.median(r["replay_over_peer"] for r in rs)
@@ -475,6 +487,7 @@ def section(
         and r["replay"]["outputs_equal_processor"]
         and r["check"]["unknown_sets_equal"]
         and (r.get("against") or {}).get("outputs_equal_processor", True)
+        and (r.get("against_replay") or {}).get("outputs_equal_processor", True)
         for r in rs
     )
     log(
