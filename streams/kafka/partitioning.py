@@ -20,8 +20,9 @@ _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
 _unpack_from = struct.unpack_from
 
-#: Keys whose partition is remembered: a fixed cost of about 2 MiB, whatever the number of
-#: executions in flight, and enough to cover the records that come close together.
+#: Keys whose partition is remembered: a fixed cost of 2 to 3 MiB (the keys it keeps alive
+#: included), whatever the number of executions in flight, and enough to cover the records
+#: that come close together.
 CACHED_KEYS = 16_384
 
 
