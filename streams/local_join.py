@@ -75,10 +75,11 @@ class LocalJoin:
             assert partition is not None  # progress goes to every partition by number
             marks = self._marks(partition)
             source, at = record.source_partition, cl.to_ms(record.occurred_at)
-            if not self._passes(partition, marks, marks.note(source, at).watermark):
+            noted = marks.note(source, at)
+            if not self._passes(partition, marks, noted.watermark):
                 # ``cl.receive_progress`` would decide nothing: only the watermark is noted,
                 # and the unsettled books wait for a move that passes a send
-                self.marks[partition] = marks.note(source, at)
+                self.marks[partition] = noted
                 return []
             self.unsettled_earliest.pop(partition, None)
             marks = marks.settled(self.unsettled.pop(partition, {}))

@@ -156,17 +156,14 @@ class KeyBook:
 
     def pending(self) -> int | None:
         """The earliest send not decided yet: the watermark must pass it (plus grace).
-        (``sent_at`` of every undecided attempt, inlined: asked once per claim taken.)"""
+        (Asked once per claim taken: no list built.)"""
         first: int | None = None
         decided = self.decided
-        for ref, transitions in self.attempts.items():
-            if ref in decided:
-                continue
-            for at, status in transitions:
-                if status in BLOCKS_RETRY:
-                    if first is None or at < first:
-                        first = at
-                    break
+        for ref in self.attempts:
+            if ref not in decided:
+                t = self.sent_at(ref)
+                if t is not None and (first is None or t < first):
+                    first = t
         return first
 
 
