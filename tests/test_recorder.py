@@ -377,7 +377,10 @@ def test_facts_left_at_close_are_spooled_and_sent_first_by_the_next(tmp_path: Pa
     assert second.flush(10) == 0
     second.close(1)
     assert up.log == [r.event_id.encode() for r in [*old, new]]
-    assert second.counts.replayed == 21
+    assert second.counts.delivered == 21
+    # The new fact goes through the spool when it arrives before the leftovers are all
+    # delivered, and straight to the producer after: either way it is sent after them.
+    assert second.counts.replayed in (20, 21)
 
 
 def test_an_earlier_runs_facts_and_this_runs_share_a_batch(tmp_path: Path) -> None:
