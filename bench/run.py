@@ -113,6 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     ap.add_argument(
+        "--peer-floor",
+        action="store_true",
+        help=(
+            "the peer section also runs the floor on the same log: the worker with its core "
+            "replaced by a lookup of the pure Processor's outputs (the shell alone)"
+        ),
+    )
+    ap.add_argument(
         "--sections",
         default=",".join(s for s in ALL if s not in ON_REQUEST),
         help=f"any of {', '.join(ALL)} ({' and '.join(ON_REQUEST)} only when named)",
@@ -254,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             n = args.peer_executions
             log(f"[bold]peer[/bold]: vigil and a Quix Streams app, operations only ({n:,} execs)")
             s["peer"] = peer.section(
-                base, args.workdir, n, args.peer_rounds, log, args.peer_against
+                base, args.workdir, n, args.peer_rounds, log, args.peer_against, args.peer_floor
             )
     finally:
         results["elapsed_s"] = time.time() - t_all
@@ -350,6 +358,10 @@ def summary(results: dict[str, Any], tick: str) -> dict[str, Any]:
             out["peer_replay_events_per_s"] = m["replay"]["events_per_s"]
             out["peer_replay_cpu_us_per_event"] = m["replay"]["cpu_us_per_event"]
             out["peer_replay_over_peer"] = m["replay_over_peer"]
+        if "floor" in m:
+            out["peer_floor_events_per_s"] = m["floor"]["events_per_s"]
+            out["peer_floor_cpu_us_per_event"] = m["floor"]["cpu_us_per_event"]
+            out["peer_floor_over_peer"] = m["floor_over_peer"]
     r = s.get("replay_cli")
     if r and t1:
         out["replay_events_per_s"] = r["events_per_s"]
@@ -513,6 +525,19 @@ def show(results: dict[str, Any]) -> None:
         sm.get("peer_replay_cpu_us_per_event"),
         None,
         "{:,.1f}",
+    )
+    row(
+        "ops-only log: floor (the shell, core free), events/s",
+        sm.get("peer_floor_events_per_s"),
+        None,
+        "{:,.0f}",
+    )
+    row("ops-only log: floor ÷ peer (median)", sm.get("peer_floor_over_peer"), 1.0, "{:.2f}")
+    row(
+        "ops-only log: floor, CPU-µs per event",
+        sm.get("peer_floor_cpu_us_per_event"),
+        None,
+        "{:.1f}",
     )
     row(
         "ops-only log: --peer-against worker, events/s",

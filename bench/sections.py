@@ -131,12 +131,21 @@ def outputs_by_input(
     return out
 
 
-def _processor(settings: Settings, dep: h.Deployment, *, write_behind: bool = False) -> Processor:
+def _processor(
+    settings: Settings,
+    dep: h.Deployment,
+    *,
+    write_behind: bool = False,
+    cross_execution: bool = False,
+) -> Processor:
+    """The pure Processor of ``dep``; ``cross_execution``: as the live worker runs it, also
+    publishing the claims and progress its claims join takes."""
     pol = settings.policies()
     return Processor(
         dep.topics,
         Stores(),
         write_behind=write_behind,
+        cross_execution=cross_execution,
         max_future_skew=settings.max_future_skew,
         allowed_lateness=settings.allowed_lateness,
         operation_config=pol.operations,

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench import core
 from bench.sections import outputs_by_input
 from streams.engine.processor import Processor, Stores
@@ -37,18 +39,26 @@ sys.stdout.buffer.write(pickle.dumps((published, tokens, dict(processor.stores.e
 """
 
 
-def _real_outputs() -> tuple[Processor, dict]:
+def _real_outputs(cross_execution: bool) -> tuple[Processor, dict]:
     settings = Settings.from_env()
-    processor = Processor.from_settings(settings, Topics.from_settings(settings), Stores())
+    processor = Processor.from_settings(
+        settings, Topics.from_settings(settings), Stores(), cross_execution=cross_execution
+    )
     return processor, outputs_by_input(processor, core.workload(40))
 
 
+@pytest.mark.parametrize("cross_execution", [False, True], ids=["alone", "with-claims"])
 def test_the_replaced_core_publishes_the_real_outputs_and_acknowledges_every_input(
-    tmp_path: Path,
+    tmp_path: Path, cross_execution: bool
 ) -> None:
-    processor, table = _real_outputs()
+    """With the join across executions on (the peer section's floor), the table also holds
+    the claims and progress the real core addresses to the claims topic: the floor's worker
+    still sends them, and its claims stage still takes them."""
+    processor, table = _real_outputs(cross_execution)
     expected = [em for ems in table.values() for em in ems]
     assert len(expected) > 40  # the 40 executions publish states, verdicts, operations
+    to_claims = [em for em in expected if em.topic == processor.claims_topic]
+    assert bool(to_claims) is cross_execution
     path = tmp_path / "outputs.pickle"
     path.write_bytes(pickle.dumps(table, protocol=5))
     env = dict(os.environ)

@@ -30,7 +30,10 @@ of those, not a like-for-like comparison.
    ``vigil replay`` of the same log (``replay_once``: the same Processor and claims join, a
    confluent-kafka consumer, no Faust, no changelog, no commits), timed from inside, its
    outputs checked against the pure Processor's like the worker's. What it reaches bounds
-   what any rewrite of the worker's shell alone (its consumer, batches, state store) can give.
+   what any rewrite of the worker's shell alone (its consumer, batches, state store) can give;
+6. with ``--peer-floor``, also the floor on the same log: vigil's worker with its core
+   replaced by a lookup of the pure Processor's outputs (``floor_run``), which bounds what any
+   rewrite of the core alone can give to this shell.
 """
 
 from __future__ import annotations
@@ -163,15 +166,20 @@ def vigil_run(
     log: Log,
     name: str = "vigil",
     tree: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One vigil worker (of this checkout, or of ``tree``) over the deployment's log."""
+    """One vigil worker (of this checkout, or of ``tree``) over the deployment's log; ``env``
+    adds to the worker's environment."""
     ends = end_offsets(base, dep.inputs)
     off = h.Offsets(base, dep.outputs)
     det_counts: Counter[str] = Counter()
     for (topic, _), n in expected.items():
         det_counts[topic] += n
-    env = {"PYTHONPATH": str(tree)} if tree is not None else None
-    profile = os.environ.get("VIGIL_BENCH_PEER_PROFILE") if tree is None else None
+    if tree is not None:
+        env = {**(env or {}), "PYTHONPATH": str(tree)}
+    profile = (
+        os.environ.get("VIGIL_BENCH_PEER_PROFILE") if tree is None and name == "vigil" else None
+    )
     with h.workers(dep, 1, env=env) as procs:
         start = procs[0].ready_at
         spy = sec._py_spy(procs[0].pid, Path(profile)) if profile else None
@@ -210,6 +218,28 @@ def vigil_run(
         f"{r['outputs_extra']})"
     )
     return r
+
+
+def floor_run(
+    base: Settings, dep: h.Deployment, ops: list[Any], wires: list[h.Wire], log: Log
+) -> dict[str, Any]:
+    """vigil's worker with a free core on the deployment's log: ``Processor.handle`` replaced
+    by a lookup of what the pure Processor publishes after each input (``bench/floor_site``),
+    that Processor running as the worker's does, with the join across executions on, so the
+    claims and progress still go through the claims topic and the worker's claims stage. What
+    it reaches bounds any worker with this shell, whatever its core costs."""
+    import pickle
+
+    table = dep.workdir / "floor-outputs.pickle"
+    proc = sec._processor(dep.settings, dep, cross_execution=True)
+    with table.open("wb") as f:
+        pickle.dump(sec.outputs_by_input(proc, sec.envelopes(dep, ops, wires)), f, protocol=5)
+    env = {
+        "VIGIL_BENCH_FLOOR": str(table),
+        "PYTHONPATH": f"{h.ROOT / 'bench' / 'floor_site'}{os.pathsep}{h.ROOT}",
+    }
+    expected = expected_values(dep, ops, wires)
+    return vigil_run(base, dep, len(ops), expected, log, "floor (the shell, core free)", None, env)
 
 
 def replay_run(
@@ -409,9 +439,11 @@ def section(
     rounds: int,
     log: Log,
     against: Path | None = None,
+    floor: bool = False,
 ) -> dict[str, Any]:
     python = ensure_venv(log)
     systems = ["vigil", "peer", "replay"] + (["against"] if against is not None else [])
+    systems += ["floor"] if floor else []
     result: dict[str, Any] = {
         "executions": executions,
         "method": __doc__,
@@ -443,6 +475,14 @@ def section(
                 rr["peer"] = peer_run(base, dep, n_events, python, log)
             elif s == "replay":
                 rr["replay"] = replay_run(dep, n_events, expected, log)
+            elif s == "floor":
+                # a deployment of its own (topics, group), the same log
+                dep3 = h.deployment(base, workdir, "peer-floor")
+                wires3 = ops_wires(dep3, full, ops)
+                h.produce_all(base, wires3)
+                rr["floor"] = floor_run(base, dep3, ops, wires3, log)
+                rr["floor"].pop("_outs")
+                h.delete_deployment(dep3)
             else:
                 # a deployment of its own (topics, group), the same log
                 assert against is not None
@@ -465,6 +505,8 @@ def section(
         rr["replay_over_peer"] = rr["replay"]["events_per_s"] / p["events_per_s"]
         if "against" in rr:
             rr["vigil_over_against"] = v["events_per_s"] / rr["against"]["events_per_s"]
+        if "floor" in rr:
+            rr["floor_over_peer"] = rr["floor"]["events_per_s"] / p["events_per_s"]
         log(
             f"  check: {rr['check']}; vigil ÷ peer {rr['vigil_over_peer']:.2f} in events/s, "
             f"the peer {rr['peer_cpu_over_vigil']:.2f} times less CPU per event"
@@ -482,12 +524,15 @@ def section(
     }
     result["median"]["vigil_over_peer"] = statistics.median(r["vigil_over_peer"] for r in rs)
     result["median"]["replay_over_peer"] = statistics.median(r["replay_over_peer"] for r in rs)
+    if floor:
+        result["median"]["floor_over_peer"] = statistics.median(r["floor_over_peer"] for r in rs)
     result["all_checks_passed"] = all(
         r["vigil"]["outputs_equal_processor"]
         and r["replay"]["outputs_equal_processor"]
         and r["check"]["unknown_sets_equal"]
         and (r.get("against") or {}).get("outputs_equal_processor", True)
         and (r.get("against_replay") or {}).get("outputs_equal_processor", True)
+        and (r.get("floor") or {}).get("outputs_equal_processor", True)
         for r in rs
     )
     log(
