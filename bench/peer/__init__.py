@@ -167,9 +167,11 @@ def vigil_run(
     name: str = "vigil",
     tree: Path | None = None,
     env: dict[str, str] | None = None,
+    profile_var: str = "VIGIL_BENCH_PEER_PROFILE",
 ) -> dict[str, Any]:
     """One vigil worker (of this checkout, or of ``tree``) over the deployment's log; ``env``
-    adds to the worker's environment."""
+    adds to the worker's environment. The variable ``profile_var`` names a file for py-spy's
+    raw stacks of this checkout's worker (none for another tree's)."""
     ends = end_offsets(base, dep.inputs)
     off = h.Offsets(base, dep.outputs)
     det_counts: Counter[str] = Counter()
@@ -177,9 +179,7 @@ def vigil_run(
         det_counts[topic] += n
     if tree is not None:
         env = {**(env or {}), "PYTHONPATH": str(tree)}
-    profile = (
-        os.environ.get("VIGIL_BENCH_PEER_PROFILE") if tree is None and name == "vigil" else None
-    )
+    profile = os.environ.get(profile_var) if tree is None else None
     with h.workers(dep, 1, env=env) as procs:
         start = procs[0].ready_at
         spy = sec._py_spy(procs[0].pid, Path(profile)) if profile else None
@@ -239,7 +239,10 @@ def floor_run(
         "PYTHONPATH": f"{h.ROOT / 'bench' / 'floor_site'}{os.pathsep}{h.ROOT}",
     }
     expected = expected_values(dep, ops, wires)
-    return vigil_run(base, dep, len(ops), expected, log, "floor (the shell, core free)", None, env)
+    name = "floor (the shell, core free)"
+    return vigil_run(
+        base, dep, len(ops), expected, log, name, None, env, "VIGIL_BENCH_FLOOR_PROFILE"
+    )
 
 
 def replay_run(
