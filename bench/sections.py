@@ -183,9 +183,10 @@ def throughput(
         table = dep.workdir / "floor-outputs.pickle"
         t0 = time.perf_counter()
         with table.open("wb") as f:
-            table_of = outputs_by_input(
-                _processor(dep.settings, dep), envelopes(dep, bf.planned, bf.wires)
-            )
+            # the join across executions on, as the worker runs it: the claims and progress
+            # still go through the claims topic and the worker's claims stage
+            proc = _processor(dep.settings, dep, cross_execution=True)
+            table_of = outputs_by_input(proc, envelopes(dep, bf.planned, bf.wires))
             pickle.dump(table_of, f, protocol=5)
         log(f"  floor: outputs by input written in {time.perf_counter() - t0:.1f}s")
         extra_env = {
