@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -208,6 +208,86 @@ def test_find_java_is_new_enough() -> None:
     major = localstack._java_major(java)
     assert major is not None
     assert major >= localstack.MIN_JAVA
+
+
+class _Clock:
+    """``time`` for ``_wait_ready``: sleeping moves the clock and runs ``tick``."""
+
+    def __init__(self, tick: Callable[[float], None]) -> None:
+        self.now = 0.0
+        self.tick = tick
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.tick(self.now)
+
+
+def _recovering_broker(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, answers_at: float, logs_until: float
+) -> Settings:
+    """A broker process that is alive, answers from ``answers_at`` seconds on and writes a
+    line to its server log every second until ``logs_until``."""
+    s = replace(Settings.from_env(), state_dir=tmp_path)
+    s.logs_dir.mkdir(parents=True)
+    server_log = s.server_log("kafka")
+    server_log.write_text("starting\n")
+
+    def tick(now: float) -> None:
+        if now <= logs_until and now == int(now):
+            with server_log.open("a") as f:
+                f.write(f"[{now}] INFO Recovering unflushed segment\n")
+
+    clock = _Clock(tick)
+    monkeypatch.setattr(localstack, "time", clock)
+    monkeypatch.setattr(localstack, "_live_pid", lambda s, service: 4242)
+    monkeypatch.setattr(localstack, "_answering", lambda s, service: clock.now >= answers_at)
+    return s
+
+
+def test_a_broker_that_keeps_logging_its_recovery_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Past ``timeout`` while its log grows: stopping it would make the next start recover
+    everything again."""
+    s = _recovering_broker(monkeypatch, tmp_path, answers_at=300, logs_until=299)
+    localstack._wait_ready(s, "kafka", timeout=20, announce=False)
+    assert localstack.time.monotonic() == 300
+
+
+def test_a_broker_silent_for_the_timeout_is_given_up_on(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    s = _recovering_broker(monkeypatch, tmp_path, answers_at=300, logs_until=100)
+    with pytest.raises(localstack.LocalStackError, match="20s of them without a line logged"):
+        localstack._wait_ready(s, "kafka", timeout=20, announce=False)
+    assert 120 <= localstack.time.monotonic() <= 121  # 20 s after its last line
+
+
+def test_a_broker_logging_forever_is_given_up_on_at_the_limit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    s = _recovering_broker(monkeypatch, tmp_path, answers_at=10**6, logs_until=10**6)
+    with pytest.raises(localstack.LocalStackError, match="did not answer"):
+        localstack._wait_ready(s, "kafka", timeout=20, announce=False, recovery_limit=600)
+    assert 600 <= localstack.time.monotonic() <= 601
+
+
+def test_a_registry_gets_the_timeout_alone(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Only a broker's log counts: a registry has no recovery to wait out."""
+    s = _recovering_broker(monkeypatch, tmp_path, answers_at=300, logs_until=299)
+    s.log_file("registry").write_text("")
+
+    def grow(now: float) -> None:
+        with s.log_file("registry").open("a") as f:
+            f.write("line\n")
+
+    localstack.time.tick = grow  # type: ignore[attr-defined]
+    with pytest.raises(localstack.LocalStackError, match="did not answer"):
+        localstack._wait_ready(s, "registry", timeout=20, announce=False)
+    assert 20 <= localstack.time.monotonic() <= 21
 
 
 # --------------------------------------------------------------------------- with a cluster

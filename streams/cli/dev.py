@@ -57,7 +57,11 @@ def up(
     ] = False,
     timeout: Annotated[
         float,
-        typer.Option(help="Seconds to wait for each service to answer (downloads not counted)."),
+        typer.Option(
+            help="Seconds to wait for each service to answer (downloads not counted); for a "
+            "broker, seconds without a line logged: one recovering its data after a crash "
+            "keeps logging and is waited for up to 30 minutes."
+        ),
     ] = 120.0,
     brokers: Annotated[
         int | None,

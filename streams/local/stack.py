@@ -263,7 +263,9 @@ def up(
 
     Ready means: every service answers, a cluster lists all its brokers, and brokers started
     by this call give an idempotent producer its id and a consumer group its coordinator at
-    once (``_warm_up``). ``timeout`` bounds each of these waits (downloads are not counted).
+    once (``_warm_up``). ``timeout`` bounds each of these waits (downloads are not counted);
+    a broker that keeps logging while it recovers its data is waited for longer
+    (``_wait_ready``).
     """
     s = settings or Settings.from_env()
     _check_services(services)
@@ -1155,9 +1157,26 @@ def _warm_up(s: Settings, nodes: Sequence[str], timeout: float) -> None:
         consumer.close()
 
 
-def _wait_ready(s: Settings, service: str, timeout: float, announce: bool = True) -> None:
-    deadline = time.monotonic() + timeout
+#: The longest a broker that keeps logging may take to answer (``_wait_ready``).
+RECOVERY_LIMIT_S = 1800.0
+
+
+def _wait_ready(
+    s: Settings,
+    service: str,
+    timeout: float,
+    announce: bool = True,
+    recovery_limit: float = RECOVERY_LIMIT_S,
+) -> None:
+    """Wait until ``service`` answers. A broker stopped uncleanly (killed, a crash) first
+    recovers every partition of its data dir, which on a dir with thousands of partitions
+    takes minutes, logging as it goes; stopping it then would only make the next start
+    recover again. So for a broker ``timeout`` bounds a wait in which its log does not grow,
+    and ``recovery_limit`` the whole wait."""
     started = time.monotonic()
+    deadline = started + timeout
+    logs = [s.server_log(service), s.log_file(service)] if _kind(service) == "kafka" else []
+    written = _log_sizes(logs)
     while True:
         pid = _live_pid(s, service)
         if pid is None:
@@ -1166,13 +1185,30 @@ def _wait_ready(s: Settings, service: str, timeout: float, announce: bool = True
             if announce:
                 log.info("%s: ready after %.1fs", service, time.monotonic() - started)
             return
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if logs:
+            sizes = _log_sizes(logs)
+            if sizes != written:
+                written = sizes
+                deadline = min(now + timeout, started + max(timeout, recovery_limit))
+        if now > deadline:
             raise LocalStackError(
-                f"{service} (pid {pid}) did not answer at {_address(s, service)} within "
-                f"{timeout:.0f}s (if it hangs: `vigil dev down`, then `vigil dev up`).\n"
-                f"{_log_tail(s, service)}"
+                f"{service} (pid {pid}) did not answer at {_address(s, service)} after "
+                f"{now - started:.0f}s, {timeout:.0f}s of them without a line logged (if it "
+                f"hangs: `vigil dev down`, then `vigil dev up`).\n{_log_tail(s, service)}"
             )
         time.sleep(0.5)
+
+
+def _log_sizes(paths: Sequence[Path]) -> tuple[int, ...]:
+    """The sizes of ``paths`` (0 for a missing one): a log that rotates still changes them."""
+    sizes = []
+    for path in paths:
+        try:
+            sizes.append(path.stat().st_size)
+        except OSError:
+            sizes.append(0)
+    return tuple(sizes)
 
 
 def _log_tail(s: Settings, service: str, lines: int = 40) -> str:
