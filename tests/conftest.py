@@ -69,14 +69,20 @@ def _delete_test_topics() -> Iterator[None]:
     delete_made_topics(since=before)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _delete_shared_test_topics() -> Iterator[None]:
-    yield
+def _delete_every_made_topic() -> None:
     from tests.support import delete_made_topics, made, made_in_background
 
     made.extend(made_in_background)
     made_in_background.clear()
     delete_made_topics(since=0)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _delete_shared_test_topics() -> Iterator[None]:
+    """At the end of the session, the topics of session- and module-scoped deployments left
+    (the cluster fixture deletes them first when it stops a stack it started)."""
+    yield
+    _delete_every_made_topic()
 
 
 @pytest.fixture(scope="session")
@@ -95,6 +101,10 @@ def _cluster_and_origin() -> Iterator[tuple[Cluster, Origin]]:
         finally:
             started_here = [name for name, running in running_before.items() if not running]
             if started_here:
+                # Torn down before ``_delete_shared_test_topics`` (set up first): with the
+                # broker stopped, the session's topics would stay in the local stack's data
+                # dir, run after run, and a broker restarted after a crash recovers them all.
+                _delete_every_made_topic()
                 localstack.down(started_here)
 
 
