@@ -12,7 +12,8 @@ ticker, deadline lags), memory (RSS per in-flight execution, memory:// and rocks
 profile (py-spy on a worker under load, pyinstrument around Processor.handle), floor (one
 worker whose core is replaced by a lookup of the pure Processor's outputs: the shell alone;
 not in the default set), peer (vigil's worker and a plain Quix Streams app, ``bench/peer``, on
-the operations-only log, alternating rounds; not in the default set).
+the operations-only log, alternating rounds; ``--peer-floor`` adds the floor on that log; not
+in the default set).
 """
 
 from __future__ import annotations
