@@ -10,6 +10,9 @@ run in alternation, each run in a fresh process, so that drift hits both alike; 
 and their ratio are printed.
 
     python -m bench.core --executions 20000 --repeat 3 --against HEAD
+
+``--join`` adds the join across executions (blind retries across executions), run in-process
+as ``vigil replay`` runs it: what every OperationEvent of the live worker goes through too.
 """
 
 from __future__ import annotations
@@ -121,9 +124,13 @@ def digest(emissions: list[Any]) -> dict[str, Any]:
     return {"outputs": len(emissions), "keys": len(per_key), "digest": total.hexdigest()}
 
 
-def run_once(executions: int) -> dict[str, Any]:
+def run_once(executions: int, join: bool = False) -> dict[str, Any]:
     """One timed pass of a fresh Processor over the workload (built before the clock starts).
-    What it publishes is kept and digested after the clock stops (``digest``)."""
+    What it publishes is kept and digested after the clock stops (``digest``). ``join``: the
+    join across executions on, run in-process as ``vigil replay`` runs it (the claims and
+    progress go to ``streams.local_join``, the links it decides back to the Processor)."""
+    from datetime import timedelta
+
     from streams.app import tune_gc
 
     engine = _layout("streams.engine.processor", "streams.processor")
@@ -135,18 +142,40 @@ def run_once(executions: int) -> dict[str, Any]:
     envs = workload(executions)
     settings = Settings.from_env()
     processor = Processor.from_settings(
-        settings, Topics.from_settings(settings), Stores(), write_behind=True
+        settings,
+        Topics.from_settings(settings),
+        Stores(),
+        write_behind=True,
+        **({"cross_execution": True} if join else {}),
     )
+    routed: Any = None
+    if join:
+        from streams.local_join import LocalJoin, route
+
+        grace_ms = settings.claims_grace // timedelta(milliseconds=1)
+        local = LocalJoin(settings.partitions, grace_ms)
+
+        def routed(emissions: list[Any]) -> list[Any]:
+            return route(processor, local, emissions)
+
     tune_gc()
     published: list[Any] = []
     keep = published.extend
     handle = processor.handle
     cpu0, t0 = time.process_time(), time.perf_counter()
-    for i, env in enumerate(envs, 1):
-        keep(handle(env))
-        if i % REPLAY_FLUSH_EVERY == 0:
-            processor.flush()
-            processor.flush_clocks()
+    if routed is None:
+        for i, env in enumerate(envs, 1):
+            keep(handle(env))
+            if i % REPLAY_FLUSH_EVERY == 0:
+                processor.flush()
+                processor.flush_clocks()
+    else:
+        for i, env in enumerate(envs, 1):
+            keep(routed(handle(env)))
+            if i % REPLAY_FLUSH_EVERY == 0:
+                processor.flush()
+                processor.flush_clocks()
+        keep(routed(processor.publish_progress()))
     processor.flush()
     processor.flush_clocks()
     seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
@@ -161,14 +190,15 @@ def run_once(executions: int) -> dict[str, Any]:
     }
 
 
-def _run_in(tree: Path, executions: int) -> dict[str, Any]:
+def _run_in(tree: Path, executions: int, join: bool = False) -> dict[str, Any]:
     """One run in a fresh process, with ``tree`` first on the import path: this very script
     drives the ``streams`` and ``bench`` packages of ``tree`` (an older commit may not have
     the script)."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     script = str(Path(__file__).resolve())
     proc = subprocess.run(
-        [sys.executable, script, "--executions", str(executions), "--once"],
+        [sys.executable, script, "--executions", str(executions), "--once"]
+        + (["--join"] if join else []),
         cwd=tree,
         env=env,
         capture_output=True,
@@ -211,12 +241,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per tree (3)")
     ap.add_argument("--against", metavar="REF", help="also run this git commit, alternating")
     ap.add_argument("--out", type=Path, help="write the figures as JSON here")
+    ap.add_argument(
+        "--join",
+        action="store_true",
+        help="with the join across executions, in-process as vigil replay runs it (off: the "
+        "Processor alone, as before)",
+    )
     ap.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.once:
-        print(json.dumps(run_once(args.executions)))
+        print(json.dumps(run_once(args.executions, args.join)))
         return 0
-    result: dict[str, Any] = {"executions": args.executions, "repeat": args.repeat}
+    result: dict[str, Any] = {
+        "executions": args.executions,
+        "repeat": args.repeat,
+        "join": args.join,
+    }
     with tempfile.TemporaryDirectory(prefix="vigil-core-ab-") as tmp:
         trees = {"current": ROOT}
         if args.against:
@@ -225,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
         for i in range(args.repeat):
             for name, tree in trees.items() if i % 2 == 0 else reversed(trees.items()):
-                r = _run_in(tree, args.executions)
+                r = _run_in(tree, args.executions, args.join)
                 runs[name].append(r)
                 print(
                     f"{name:>8}: {r['records']:,} records, {r['outputs']:,} outputs, "

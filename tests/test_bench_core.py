@@ -40,3 +40,24 @@ def test_the_digest_of_a_run_is_the_same_every_time_and_sees_any_changed_record(
     x, y = Emission("t", "k1", first.record), Emission("t", "k2", other.record)
     assert core.digest([x, y])["digest"] == core.digest([y, x])["digest"]
     assert core.digest([x, x, y])["digest"] != core.digest([x, y, y])["digest"]
+
+
+def test_with_the_join_the_claims_go_to_it_and_the_mix_publishes_the_same(monkeypatch) -> None:
+    """``--join`` runs the join across executions in-process: the claims and progress the
+    Processor addresses to the claims topic are taken by the join, never published; the
+    mix has no blind retry across executions, so what is published is what the Processor
+    alone publishes."""
+    from streams import local_join
+
+    taken: list[str] = []
+    take = local_join.LocalJoin.take
+
+    def counting(self: local_join.LocalJoin, em: object) -> list:
+        taken.append(type(em.record).__name__)  # type: ignore[attr-defined]
+        return take(self, em)
+
+    monkeypatch.setattr(local_join.LocalJoin, "take", counting)
+    alone, joined = core.run_once(40), core.run_once(40, join=True)
+    assert {"IdempotencyClaim", "ClaimsProgress"} <= set(taken)
+    assert joined["records"] == alone["records"]
+    assert joined["digest"] == alone["digest"] and joined["outputs"] == alone["outputs"]
