@@ -4,6 +4,7 @@ worker subprocess; garbage lands on the dead-letter topic and the worker carries
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,7 +18,9 @@ from streams.contracts.models.enums import ExecutionStatus
 from streams.contracts.models.events import ExecutionStatusChanged
 from streams.contracts.models.outputs import DeadLetter, ExecutionState
 from streams.core.executions import apply_status, status_event
-from tests.support import deployment, worker
+from streams.local.stack import Cluster
+from streams.settings import Settings
+from tests.support import deployment, made, worker
 
 pytestmark = pytest.mark.kafka
 T0 = datetime(2026, 7, 26, 16, 0, tzinfo=UTC)
@@ -162,6 +165,10 @@ def test_demo_stops_everything_it_started_on_ctrl_c(cluster, tmp_path: Path) -> 
         out += proc.stdout.read() or b""
         time.sleep(0.3)
     assert b"Playing the scenario" in out, out.decode()[-2000:]
+    # the demo keeps its topics for the user to look at; the test's are deleted after it
+    prefix = re.search(rb"Topics (vigil-demo-\d+)\.\* created", out)
+    assert prefix is not None, out.decode()[-2000:]
+    made.append((_settings_of(cluster), prefix.group(1).decode()))
     # the worker API's address is printed, and it answers there
     api = re.search(rb"Worker API:\s+(http://127\.0\.0\.1:\d+)", out)
     assert api is not None, out.decode()[-2000:]
@@ -175,6 +182,14 @@ def test_demo_stops_everything_it_started_on_ctrl_c(cluster, tmp_path: Path) -> 
     assert rc == 130, out.decode()[-3000:]
     time.sleep(1)
     assert _demo_workers(tmp_path) == [], "the demo left its worker running"
+
+
+def _settings_of(cluster: Cluster) -> Settings:
+    return replace(
+        Settings.from_env(),
+        bootstrap_servers=cluster.bootstrap_servers,
+        schema_registry_url=cluster.schema_registry_url,
+    )
 
 
 def _demo_workers(tmp_path: Path) -> list[int]:
