@@ -148,34 +148,27 @@ def run_once(executions: int, join: bool = False) -> dict[str, Any]:
         write_behind=True,
         **({"cross_execution": True} if join else {}),
     )
-    routed: Any = None
+    handle = processor.handle
     if join:
         from streams.local_join import LocalJoin, route
 
         grace_ms = settings.claims_grace // timedelta(milliseconds=1)
         local = LocalJoin(settings.partitions, grace_ms)
 
-        def routed(emissions: list[Any]) -> list[Any]:
-            return route(processor, local, emissions)
+        def handle(env: Any) -> list[Any]:
+            return route(processor, local, processor.handle(env))
 
     tune_gc()
     published: list[Any] = []
     keep = published.extend
-    handle = processor.handle
     cpu0, t0 = time.process_time(), time.perf_counter()
-    if routed is None:
-        for i, env in enumerate(envs, 1):
-            keep(handle(env))
-            if i % REPLAY_FLUSH_EVERY == 0:
-                processor.flush()
-                processor.flush_clocks()
-    else:
-        for i, env in enumerate(envs, 1):
-            keep(routed(handle(env)))
-            if i % REPLAY_FLUSH_EVERY == 0:
-                processor.flush()
-                processor.flush_clocks()
-        keep(routed(processor.publish_progress()))
+    for i, env in enumerate(envs, 1):
+        keep(handle(env))
+        if i % REPLAY_FLUSH_EVERY == 0:
+            processor.flush()
+            processor.flush_clocks()
+    if join:
+        keep(route(processor, local, processor.publish_progress()))
     processor.flush()
     processor.flush_clocks()
     seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0

@@ -131,6 +131,23 @@ def outputs_by_input(
     return out
 
 
+def floor_env(dep: h.Deployment, planned: list[Planned], wires: list[h.Wire]) -> dict[str, str]:
+    """What a worker's environment needs to run as the floor (``bench/floor_site``) on
+    ``wires``: the pure Processor's outputs after each input, pickled into the deployment's
+    work dir. That Processor runs the join across executions as the worker does, so the
+    claims and progress still go through the claims topic and the worker's claims stage."""
+    import pickle
+
+    table = dep.workdir / "floor-outputs.pickle"
+    proc = _processor(dep.settings, dep, cross_execution=True)
+    with table.open("wb") as f:
+        pickle.dump(outputs_by_input(proc, envelopes(dep, planned, wires)), f, protocol=5)
+    return {
+        "VIGIL_BENCH_FLOOR": str(table),
+        "PYTHONPATH": f"{h.ROOT / 'bench' / 'floor_site'}{os.pathsep}{h.ROOT}",
+    }
+
+
 def _processor(
     settings: Settings,
     dep: h.Deployment,
@@ -178,21 +195,9 @@ def throughput(
     bf = Backfill(dep, executions, log)
     extra_env: dict[str, str] = {}
     if floor:
-        import pickle
-
-        table = dep.workdir / "floor-outputs.pickle"
         t0 = time.perf_counter()
-        with table.open("wb") as f:
-            # the join across executions on, as the worker runs it: the claims and progress
-            # still go through the claims topic and the worker's claims stage
-            proc = _processor(dep.settings, dep, cross_execution=True)
-            table_of = outputs_by_input(proc, envelopes(dep, bf.planned, bf.wires))
-            pickle.dump(table_of, f, protocol=5)
+        extra_env = floor_env(dep, bf.planned, bf.wires)
         log(f"  floor: outputs by input written in {time.perf_counter() - t0:.1f}s")
-        extra_env = {
-            "VIGIL_BENCH_FLOOR": str(table),
-            "PYTHONPATH": f"{h.ROOT / 'bench' / 'floor_site'}{os.pathsep}{h.ROOT}",
-        }
     off = h.Offsets(base, dep.outputs)
     det = _deterministic(dep, bf.expected)
     result: dict[str, Any] = {

@@ -228,16 +228,7 @@ def floor_run(
     that Processor running as the worker's does, with the join across executions on, so the
     claims and progress still go through the claims topic and the worker's claims stage. What
     it reaches bounds any worker with this shell, whatever its core costs."""
-    import pickle
-
-    table = dep.workdir / "floor-outputs.pickle"
-    proc = sec._processor(dep.settings, dep, cross_execution=True)
-    with table.open("wb") as f:
-        pickle.dump(sec.outputs_by_input(proc, sec.envelopes(dep, ops, wires)), f, protocol=5)
-    env = {
-        "VIGIL_BENCH_FLOOR": str(table),
-        "PYTHONPATH": f"{h.ROOT / 'bench' / 'floor_site'}{os.pathsep}{h.ROOT}",
-    }
+    env = sec.floor_env(dep, ops, wires)
     expected = expected_values(dep, ops, wires)
     name = "floor (the shell, core free)"
     return vigil_run(
