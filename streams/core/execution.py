@@ -121,6 +121,10 @@ class Snapshot:
 #: A book not decoded yet (``Execution``'s ``load`` decodes it when first needed).
 UNLOADED = object()
 
+#: What ``Execution.quiet_until`` answers for an execution that nothing will fall due for
+#: (later than any epoch millisecond a record can carry).
+NOTHING_DUE = 1 << 62
+
 #: Which part of the aggregate each name in ``Execution.changed`` is.
 PARTS = ("inflight", "closed", "operations", "approvals")
 
@@ -368,6 +372,29 @@ class Execution:
                 due.extend(book.times_after(book.evaluated_until))
         if self.closed is not None:
             due.append(self.closed.closed_at + self.rules.closed_retention_ms)
+        return due
+
+    def quiet_until(self) -> int | None:
+        """The earliest instant at which ``advance`` has something to do, when the parts in
+        hand tell it exactly (``NOTHING_DUE``: never), else None.
+
+        Why: most due times the shell indexed are stale by the time they come (an attempt
+        answered before its reply deadline), and advancing to one of those changes nothing.
+        Knowing this instant, the shell passes them over without decoding the execution.
+        It is told only without an approval book, whose change points depend on the
+        thresholds and on facts judged late, and only when the operation book is decoded or
+        known to be absent: the book keeps its earliest armed deadline (``due``)."""
+        book = self._operations
+        if self._approvals is not None or book is UNLOADED:
+            return None
+        due = NOTHING_DUE
+        if book is not None and book.due is not None:  # type: ignore[union-attr]
+            due = book.due  # type: ignore[union-attr]
+        closed = self.closed
+        if closed is not None:
+            forgotten = closed.closed_at + self.rules.closed_retention_ms
+            if forgotten < due:
+                due = forgotten
         return due
 
     def pending_dirty(self) -> bool:

@@ -455,6 +455,7 @@ class Processor:
         if execution.changed:
             self._store(execution)
         self._publish(execution_id, step, out, env, record)
+        self._note_quiet(execution_id, execution)
 
     def _committed_by_rank(self, rank: int, partition: int) -> int | None:
         assert self.committed is not None
@@ -520,20 +521,37 @@ class Processor:
         return self.state.execution(execution_id, self._build)  # type: ignore[no-any-return]
 
     def _build(self, execution_id: str) -> Execution:
-        load = self.state.load
+        state = self.state
+        load, absent = state.load, state.absent
 
         def book(name: str) -> Any:
             return load(execution_id, name, _PARSE[name])
 
+        # A book is decoded when first needed; one the entry does not have is known absent
+        # at once, which is what lets ``Execution.quiet_until`` answer without decoding.
         return Execution(
             execution_id,
             self.rules,
             load(execution_id, "inflight", _in_flight),
             load(execution_id, "closed", _closed),
-            UNLOADED,
-            UNLOADED,
+            None if absent(execution_id, "operations") else UNLOADED,
+            None if absent(execution_id, "approvals") else UNLOADED,
             book,
         )
+
+    def _note_quiet(self, execution_id: str, execution: Execution) -> None:
+        """Tell the store until when advancing the execution has nothing to do, if its parts
+        in hand say so exactly (``Execution.quiet_until``, and the ends of its alerts), so
+        that ``_on_watermark`` passes over its stale due times without decoding it."""
+        until = execution.quiet_until()
+        state = self.state
+        if until is None:
+            state.quiet.pop(execution_id, None)
+            return
+        ends = state.load(execution_id, "alerts", al.load_ends)
+        if ends and ends[0].ends_at < until:
+            until = ends[0].ends_at
+        state.quiet[execution_id] = until
 
     def _store(self, execution: Execution) -> None:
         """The parts the last call replaced, into the entry (written at the next flush)."""
@@ -557,6 +575,7 @@ class Processor:
             out.extend(emit(a) for a in resolved)
             if rest:
                 self._schedule(execution_id, rest[0].ends_at)
+        self._note_quiet(execution_id, execution)
 
     # -- the ends of anomaly alerts (streams.core.alerts) -----------------------------------
     def _end_later(self, alert: Alert, routed: bool, partition: int, out: list[Emission]) -> None:
@@ -643,10 +662,12 @@ class Processor:
             partition = self.partition_of(execution_id)
             for due in step.due:
                 schedule(partition, due, execution_id)
+            self.state.quiet.pop(execution_id, None)
 
     # -- timers and stream time ------------------------------------------------------------
     def _schedule(self, execution_id: str, due: int) -> None:
         self.scheduler.schedule(self.partition_of(execution_id), due, execution_id)
+        self.state.quiet.pop(execution_id, None)
 
     def _timers(self, partition: int) -> Timers:
         """The partition's due times as its tables say (``Scheduler.index``): each stored
@@ -680,11 +701,15 @@ class Processor:
         """Apply every held event and advance every execution due strictly before the
         watermark, in the scheduler's order."""
         done = self.scheduler.done
+        quiet = self.state.quiet
         for item in self.scheduler.release(partition, watermark_ms):
             if type(item) is Due:
                 at = item.at_ms
                 for key in item.execution_ids:
-                    self._advance_key(key, at, out)
+                    until = quiet.get(key)
+                    if until is None or until <= at:
+                        self._advance_key(key, at, out)
+                    # else a stale due time: advancing to it would change nothing
             else:
                 env = item.env  # type: ignore[union-attr]
                 record = env.record

@@ -195,6 +195,12 @@ class ExecutionStore:
         #: per cached entry, a bound on its packed size: its size as read (or as last
         #: measured) plus what the changes since may have added (``grow``)
         self._sizes: dict[str, int] = {}
+        #: per execution, the earliest instant at which advancing it can do anything, as the
+        #: processor last found it (``Processor._note_quiet``), kept whether or not the entry
+        #: is cached: what lets a stale due time pass without the entry being decoded. Any
+        #: change to the entry forgets it until the processor tells it again, and so do
+        #: ``discard`` and ``restore``; without it a due time is acted on as it comes.
+        self.quiet: dict[str, int] = {}
 
     # -- entries ---------------------------------------------------------------------------
     def entry(self, execution_id: str) -> Entry:
@@ -256,6 +262,7 @@ class ExecutionStore:
         self.touch(execution_id)
 
     def touch(self, execution_id: str) -> None:
+        self.quiet.pop(execution_id, None)
         keys = self._dirty.get(self.partition)
         if keys is None:
             keys = self._dirty[self.partition] = set()
@@ -277,6 +284,7 @@ class ExecutionStore:
                     e = self._cache[key]
                     if e.empty():
                         self._forget(key)
+                        self.quiet.pop(key, None)
                         if key in self.table:
                             del self.table[key]
                     else:
@@ -321,6 +329,7 @@ class ExecutionStore:
         return len(self._kept)
 
     def discard(self) -> None:
+        self.quiet.clear()
         self._dirty.clear()
         self._cache.clear()
         self._drop_kept()
@@ -407,10 +416,19 @@ class ExecutionStore:
         for name in names:
             objs[name] = getattr(source, name)
             stale[name] = dumps[name]
+        self.quiet.pop(execution_id, None)
         keys = self._dirty.get(self.partition)
         if keys is None:
             keys = self._dirty[self.partition] = set()
         keys.add(execution_id)
+
+    def absent(self, execution_id: str, name: str) -> bool:
+        """Whether the field is empty, told without decoding it."""
+        e = self._cache.get(execution_id)
+        if e is None:
+            e = self.entry(execution_id)
+        obj = e.objs.get(name, _MISSING)
+        return getattr(e, name) is None if obj is _MISSING else obj is None
 
     # -- applied inputs --------------------------------------------------------------------
     def applied(self, execution_id: str, position: Position) -> bool:
