@@ -166,3 +166,43 @@ def test_any_interleaving_publishes_the_same_records_as_advancing_every_due_time
 ) -> None:
     order = interleave(choices)
     assert _published(order, quiet=True)[0] == _published(order, quiet=False)[0]
+
+
+def test_after_a_restart_the_rebuilt_index_passes_over_stale_due_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The due-time index rebuilt from the table after a restart tells each execution's
+    quiet instant too: an answered deadline is not advanced, an unanswered one fires."""
+    stores = Stores()
+    first = Processor(TOPICS, stores, state_cache_bytes=0)
+    due = T0 + timedelta(seconds=30)
+    handle(first, sent("op-1", reply_due_at=due))
+    handle(first, sent("op-2", ex="ex-2", reply_due_at=due))
+    handle(first, sent("op-1", minutes=0.1, kind=K.VERIFIED, evidence_source="CONNECTOR"))
+    spy = Spy(monkeypatch)
+    restarted = Processor(TOPICS, stores, state_cache_bytes=0)
+    fired = [
+        r for r in ticks(restarted, due + timedelta(seconds=1)) if isinstance(r, OperationState)
+    ]
+    assert [(r.execution_id, r.status) for r in fired] == [("ex-2", "UNKNOWN")]
+    assert spy.counts["advanced"] == 1
+
+
+def test_rebuilding_a_partitions_index_decodes_only_that_partitions_entries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stores = Stores()
+    first = Processor(TOPICS, stores, state_cache_bytes=0)
+    for i in range(30):
+        handle(first, sent(f"op-{i}", ex=f"ex-{i}", reply_due_at=T0 + timedelta(seconds=30)))
+    owners = Counter(first.partition_of(key) for key in stores.executions)
+    assert len(owners) == 3 and sum(owners.values()) == 30
+    spy = Spy(monkeypatch)
+    restarted = Processor(TOPICS, stores, state_cache_bytes=0)
+    for partition, count in sorted(owners.items()):
+        spy.counts.clear()
+        timers = restarted._timers(partition)
+        assert spy.counts["decoded"] == count
+        assert {d.execution_id for d in timers.due} == {
+            key for key in stores.executions if first.partition_of(key) == partition
+        }

@@ -675,21 +675,26 @@ class Processor:
         before a late one (judged first)."""
         due: list[DueTime] = []
         judge_first: set[str] = set()
-        for key, entry in self.state.entries():
-            if self.partition_of(key) != partition:
-                continue
+        quiet = self.state.quiet
+        # Only the partition's own entries are decoded: each partition's index is rebuilt on
+        # its own, so decoding them all would cost every entry once per partition.
+        for key, entry in self.state.entries(lambda k: self.partition_of(k) == partition):
             execution = Execution(
                 key,
                 self.rules,
                 *(None if text is None else parse(text) for text, parse in _parts(entry)),
             )
-            due.extend(DueTime(t, key) for t in execution.next_due())
-            if entry.alerts:
-                end = al.next_end(al.load_ends(entry.alerts))
-                if end is not None:
-                    due.append(DueTime(end, key))
+            times = execution.next_due()
+            due.extend(DueTime(t, key) for t in times)
+            end = al.next_end(al.load_ends(entry.alerts)) if entry.alerts else None
+            if end is not None:
+                due.append(DueTime(end, key))
             if execution.pending_dirty():
                 judge_first.add(key)
+            # what ``_note_quiet`` would say of it: its due times as rebuilt here
+            until = execution.quiet_until()
+            if until is not None:
+                quiet[key] = until if end is None else min(until, end)
         return Timers(due, judge_first)
 
     def _observe(self, env: Envelope, t_ms: int, out: list[Emission]) -> None:

@@ -338,14 +338,17 @@ class ExecutionStore:
     def pending(self) -> int:
         return sum(len(keys) for keys in self._dirty.values())
 
-    def entries(self) -> Iterator[tuple[str, Entry]]:
-        """Every entry, with what the cache holds over what the table holds."""
+    def entries(self, only: Callable[[str], bool] | None = None) -> Iterator[tuple[str, Entry]]:
+        """Every entry (or those whose key ``only`` keeps, decided before the entry is
+        decoded), with what the cache holds over what the table holds."""
+        cache = self._cache
         for key, raw in list(self.table.items()):
-            if key not in self._cache:
+            if key not in cache and (only is None or only(key)):
                 yield key, Entry.decode(raw)
-        for key, e in list(self._cache.items()):
-            e.materialize()
-            yield key, e
+        for key, e in list(cache.items()):
+            if only is None or only(key):
+                e.materialize()
+                yield key, e
 
     def view(self, name: str) -> FieldView:
         return FieldView(self, name)
