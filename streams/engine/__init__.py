@@ -10,7 +10,8 @@ them in stream time over tables. How one record flows through it:
    record, text bounds, stream time (anomalies otherwise).
 2. ``scheduler.Scheduler`` moves the partition's clock (``observe``) and holds the event until
    the partition's watermark passes its time; when the watermark moves, ``release`` hands back
-   the held events and the due deadlines of executions, in time order.
+   the held events and the due deadlines of executions, in time order; a due time the
+   execution no longer has (``state.ExecutionStore.quiet``) is passed over unread.
 3. The processor loads the execution's aggregate from ``state.ExecutionStore`` (a write-behind
    cache over the executions table, entries packed by ``compact``), applies the event or the
    deadline with the pure core (``streams.core.execution``), and keeps the new aggregate.

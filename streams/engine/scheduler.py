@@ -59,7 +59,8 @@ class HeldEvent(NamedTuple):
 
 class DueTime(NamedTuple):
     """An execution whose books need advancing at ``at_ms``. Stale entries are harmless:
-    advancing a book to a time it has passed changes nothing."""
+    advancing a book to a time it has passed changes nothing, and the processor passes over
+    those it knows to be stale without reading the execution (``ExecutionStore.quiet``)."""
 
     at_ms: int
     execution_id: str
