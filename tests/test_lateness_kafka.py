@@ -104,22 +104,31 @@ def _plain(text: str) -> str:
     return re.sub(r"\b([a-z]{1,6})-[0-9a-f]{12,}\b", r"\1-<digest>", text)
 
 
+def _copy_ids(suffix: str) -> re.Pattern[str]:
+    """The ids a copy's cases carry (its executions and its request), each with the copy's
+    suffix and no further digit: a suffix alone (``-10``) also occurs inside other text, in
+    another copy's ids (``ex-seq-101``) or in a hex digest (``anomaly-10f3...``)."""
+    names = "|".join(re.escape(n) for n in ("ex-ack", "ex-seq", "ex-apr", "req-1"))
+    return re.compile(f"({names}){re.escape(suffix)}(?![0-9])")
+
+
 def normalized(dep: Deployment, topics: list[str], suffix: str) -> dict:
     """The outputs about one copy, per (output topic, key) in log order, with the copy's
     suffix taken out of every id and text and the derived ids (digests of those) left out."""
     groups: dict[tuple[str, str], list[str]] = defaultdict(list)
+    own = _copy_ids(suffix)
     for r in consume(dep.settings, dep.codec, topics, idle_timeout=2.0):
         assert r.record is not None, r.error
         text = r.record.model_dump_json()
-        if suffix not in text:
+        if not own.search(text):
             continue
         fields = {
             k: v
-            for k, v in json.loads(_plain(text.replace(suffix, ""))).items()
+            for k, v in json.loads(_plain(own.sub(r"\1", text))).items()
             if (not k.endswith("_id") or k in ("operation_id", "request_id", "execution_id"))
             and k != "source_partition"  # the copies' partitions differ
         }
-        seq = groups[(r.topic.rsplit(".", 1)[-1], (r.key or "").replace(suffix, ""))]
+        seq = groups[(r.topic.rsplit(".", 1)[-1], own.sub(r"\1", r.key or ""))]
         item = json.dumps(fields, sort_keys=True)
         if item not in seq:
             seq.append(item)
