@@ -662,7 +662,7 @@ class Processor:
             partition = self.partition_of(execution_id)
             for due in step.due:
                 schedule(partition, due, execution_id)
-            self.state.quiet.pop(execution_id, None)
+            # (the caller, ``_on_input`` or ``_advance_key``, tells the quiet instant next)
 
     # -- timers and stream time ------------------------------------------------------------
     def _schedule(self, execution_id: str, due: int) -> None:
@@ -684,8 +684,7 @@ class Processor:
                 self.rules,
                 *(None if text is None else parse(text) for text, parse in _parts(entry)),
             )
-            times = execution.next_due()
-            due.extend(DueTime(t, key) for t in times)
+            due.extend(DueTime(t, key) for t in execution.next_due())
             end = al.next_end(al.load_ends(entry.alerts)) if entry.alerts else None
             if end is not None:
                 due.append(DueTime(end, key))
