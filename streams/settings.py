@@ -402,9 +402,10 @@ class Settings:
     #: tenths of what it takes, and logs an error saying so.
     max_entry_bytes: int = 512 * 1024
     #: VIGIL_STATE_CACHE_MB — what the execution entries kept decoded between batches may
-    #: weigh (estimated; 0: none kept). An execution whose inputs span many batches is then
-    #: unpacked and decoded once, not once per batch: a fixed amount of memory, whatever the
-    #: number of executions in flight (``streams.engine.state.ExecutionStore``).
+    #: weigh (estimated; 0: none kept), and as much again the claims join's books. An execution
+    #: whose inputs span many batches is then unpacked and decoded once, not once per batch: a
+    #: fixed amount of memory, whatever the number of executions in flight
+    #: (``streams.engine.state.ExecutionStore``, ``vigil_worker.claims.ClaimsStage``).
     state_cache_mb: int = 8
     #: VIGIL_SESSION_TIMEOUT — the consumer group session: a worker silent for longer loses its
     #: partitions, and a worker stopped for longer writes nothing until a heartbeat proves it

@@ -10,7 +10,8 @@ table ``idempotency-claims`` co-partitioned with it:
   claims are complete and which keys wait for the watermark (``Watermarks``, JSON text).
 
 Per batch it calls the pure core for each record in order, on the books and watermarks as the
-records before it left them (read from the table once, kept decoded for the batch), publishes
+records before it left them (read from the table once, kept decoded for the batch and, within
+a budget, for the batches after it: ``_keep``), publishes
 what it found (the ``RetryLink`` records keyed by execution id on ``<p>.retry-links``, which
 the pipeline applies to each execution's aggregate, ``Processor._on_link``), then writes each
 changed book and watermark once. At-least-once: the links are delivered before the table is
@@ -54,6 +55,13 @@ log = logging.getLogger("vigil.claims")
 
 #: An operation status by its Avro symbol.
 _STATUS = {s.value: s for s in OperationStatus}
+
+#: What a key's book kept decoded between batches (``_keep``) is taken to weigh, from the
+#: length of its JSON text: about twice what tracemalloc counts for a book decoded from it
+#: (1.4 KiB at 195 characters: one attempt, three transitions), as for the executions' entries
+#: (``streams.engine.state``), for what the allocator holds around the objects.
+KEPT_BOOK_BASE_BYTES = 1024
+KEPT_BOOK_BYTES_PER_CHAR = 8
 
 #: The table key of a claims partition's watermarks (a scoped key never starts with NUL: it
 #: is percent-encoded).
@@ -129,6 +137,17 @@ class ClaimsStage:
         #: keys were last brought up to date (``_settle``: before a progress is read, and
         #: before the watermarks are written)
         self._unsettled: dict[int, dict[str, cl.KeyBook]] = {}
+        #: the length of the JSON text of each book of the batch, read or written (its weight)
+        self._lengths: dict[str, int] = {}
+        #: kept decoded from one batch to the next (``_keep``): per claims partition its
+        #: watermarks, and the books of the keys written or read last, with their weights,
+        #: within ``kept_bytes`` (``VIGIL_STATE_CACHE_MB``, as much as the executions' entries
+        #: may weigh); and the rebalance generation they belong to
+        self.kept_bytes = settings.state_cache_mb * 1024 * 1024
+        self._kept_marks: dict[int, cl.Watermarks] = {}
+        self._kept_books: dict[str, tuple[cl.KeyBook, int]] = {}
+        self.kept_weight = 0
+        self._kept_generation: int | None = None
 
     def run_on(self, batches: Callable[[], AsyncIterator[tuple[int, list[Any]]]]) -> None:
         """The stage's task on the app: every batch of ``batches()`` handled, none raising
@@ -144,6 +163,7 @@ class ClaimsStage:
                 except Exception:
                     log.exception("claims: a batch of %s records failed; read again", len(batch))
                     self.table.discard()
+                    self._drop_kept()
                     await self._read_again(generation, batch)
 
     # -- one batch ------------------------------------------------------------------------
@@ -152,7 +172,11 @@ class ClaimsStage:
         table writes sent, its records acknowledged. False if a rebalance dropped it."""
         if generation != self.generation():
             return False
+        if generation != self._kept_generation:  # a rebalance: the table is the truth again
+            self._drop_kept()
+            self._kept_generation = generation
         self._books, self._marks, self._changed, self._unsettled = {}, {}, {}, {}
+        self._lengths = {}
         out: list[Emission] = []
         for msg in batch:
             claim = await self._read_claim(msg)
@@ -183,11 +207,16 @@ class ClaimsStage:
                 else:
                     book = self._books[key]
                     assert book is not None
-                    self.table[key] = cl.dump_book(book).encode()
+                    text = cl.dump_book(book)
+                    self._lengths[key] = len(text)
+                    self.table[key] = text.encode()
+        marks, books, lengths = self._marks, self._books, self._lengths
         self._books, self._marks, self._changed, self._unsettled = {}, {}, {}, {}
+        self._lengths = {}
         await self.table.send(self.changelog)
         if generation != self.generation():
             return False
+        self._keep(generation, marks, books, lengths)
         consumer = self.app.consumer
         for msg in batch:
             consumer.ack(msg)
@@ -311,9 +340,54 @@ class ClaimsStage:
         return self._emissions(links)
 
     # -- state and outputs ----------------------------------------------------------------
+    def _keep(
+        self,
+        generation: int,
+        marks: dict[int, cl.Watermarks],
+        books: dict[str, cl.KeyBook | None],
+        lengths: dict[str, int],
+    ) -> None:
+        """What a batch read and wrote, kept decoded for the next batches once the table has
+        it. Why the watermarks: their stored form keeps the pending keys but not their send
+        times (``cl.dump_watermarks``), so watermarks read back from the table have every
+        pending key due at once, and the next progress decoded and visited each of those
+        books again only to find it could not decide yet: on the benchmark's operations log,
+        24,654 visits for 13,058 sends, once per batch for every key waiting within the
+        grace. Kept, a key is visited when the watermark passes its send. Why the books: the
+        claims of one attempt (sent, acknowledged, verified) come in a few batches in a row,
+        and each batch decoded the book from its text again. Either way the same decisions:
+        a key visited before its send is due decides nothing (``cl.receive_progress``), and
+        a kept book is the one the table holds. Dropped on a rebalance (``handle_batch``)
+        and when a batch fails (``run_on``): the table is read again."""
+        if generation != self._kept_generation or generation != self.generation():
+            return
+        self._kept_marks.update(marks)
+        kept, budget = self._kept_books, self.kept_bytes
+        for key, book in books.items():
+            length = lengths.get(key)
+            if book is None or length is None:
+                continue
+            weight = KEPT_BOOK_BASE_BYTES + KEPT_BOOK_BYTES_PER_CHAR * length
+            was = kept.pop(key, None)
+            if was is not None:
+                self.kept_weight -= was[1]
+            if weight > budget:
+                continue
+            while self.kept_weight + weight > budget:
+                self.kept_weight -= kept.pop(next(iter(kept)))[1]
+            kept[key] = (book, weight)
+            self.kept_weight += weight
+
+    def _drop_kept(self) -> None:
+        self._kept_marks, self._kept_books, self.kept_weight = {}, {}, 0
+
     def _marks_of(self, partition: int) -> cl.Watermarks:
         marks = self._marks.get(partition)
         if marks is None:
+            marks = self._kept_marks.get(partition)
+            if marks is not None:
+                self._marks[partition] = marks
+                return marks
             text = _text(self.table.get(WATERMARKS_KEY + str(partition)))
             marks = cl.Watermarks(self.partitions) if text is None else cl.load_watermarks(text)
             self._marks[partition] = marks
@@ -326,8 +400,16 @@ class ClaimsStage:
     def _book(self, key: str) -> cl.KeyBook | None:
         if key in self._books:
             return self._books[key]
-        text = _text(self.table.get(key))
-        book = None if text is None else cl.load_book(text)
+        kept = self._kept_books.get(key)
+        if kept is not None:
+            book = kept[0]
+            self._lengths[key] = (kept[1] - KEPT_BOOK_BASE_BYTES) // KEPT_BOOK_BYTES_PER_CHAR
+        else:
+            text = _text(self.table.get(key))
+            book = None
+            if text is not None:
+                book = cl.load_book(text)
+                self._lengths[key] = len(text)
         self._books[key] = book
         return book
 

@@ -522,8 +522,9 @@ def worker(
         int | None,
         typer.Option(
             min=0,
-            help="MiB of execution entries kept decoded between batches, estimated (env "
-            "VIGIL_STATE_CACHE_MB, 8; 0: none). Fixed, whatever the executions in flight.",
+            help="MiB of execution entries kept decoded between batches, estimated, and as "
+            "much again of the claims join's books (env VIGIL_STATE_CACHE_MB, 8; 0: none). "
+            "Fixed, whatever the executions in flight.",
         ),
     ] = None,
     loglevel: Annotated[
