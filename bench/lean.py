@@ -10,12 +10,13 @@ operations-only log (``bench.core``'s workload, the other topics' ticks kept): t
 the hold until the partition's watermark passes the event, the transition (the core's own
 ``operations._judge``), deadlines in a heap, the published ``OperationState`` with its
 deterministic id, a claim for every attempt with an idempotency key, and at a reply deadline
-the UNKNOWN state, its work item and its alert; at a settlement of an UNKNOWN attempt the
-resolution and the resolved alert; each changed execution packed (JSON, DEFLATE) at every
-flush. It does not do what the log does not need (approvals, execution status, verdicts,
-anomalies, alerts' ends, retries across attempts or executions, redelivery detection), so
-its figure is a floor for that work, not a replacement: its outputs are compared with the
-Processor's by id, and it says how many it matched.
+the UNKNOWN state, its work item and its alert (``operations.timeout_records``); at a
+settlement of an UNKNOWN attempt the resolution and the resolved alert
+(``operations._settle``); each changed execution packed (JSON, DEFLATE) at every flush. It
+does not do what the log does not need (approvals, execution status, verdicts, anomalies,
+alerts' ends, retries across attempts or executions, redelivery detection), so its figure is
+a floor for that work, not a replacement: its outputs are compared with the Processor's by id
+(record, topic, key and headers), and it says how many it matched.
 
     python -m bench.lean --executions 20000 --repeat 3
 """
@@ -38,18 +39,12 @@ from streams.contracts.keys import scoped_key
 from streams.contracts.models.base import construct
 from streams.contracts.models.enums import (
     AlertKind,
-    AlertStatus,
     OperationStatus,
-    Owner,
-    Severity,
     WorkItemKind,
 )
 from streams.contracts.models.events import ClockTick, OperationEvent
 from streams.contracts.models.outputs import (
-    Alert,
     OperationState,
-    ReconciliationWorkItem,
-    WorkItemResolution,
 )
 from streams.core import claims as cl
 from streams.core import operations as ops
@@ -187,12 +182,12 @@ class Lean:
             due = event.verify_due_at
             a[3] = max(t, (due - EPOCH) // EPOCH_MS if due else t + 300_000)
             heapq.heappush(self.due.setdefault(p, []), (a[3], ex, k[0], k[1]))
-        opened = (a[6], a[7]) if status in ops.SETTLED and a[6] is not None else None
+        opened = list(a) if status in ops.SETTLED and a[6] is not None else None
         if opened is not None:
             a[6] = a[7] = None
         self._state(ex, k, a, out)
         if opened is not None:
-            self._settle(ex, k, status, opened, event, out)
+            self._settle(ex, k, opened, event, out)
         self.dirty.add(ex)
 
     def _state(self, ex: str, k: tuple[str, int], a: list[Any], out: list[Emission]) -> None:
@@ -231,6 +226,13 @@ class Lean:
             self.outputs[claimed.avro_name] += 1
             out.append(Emission(self.claims_topic, cl.claims_key(a[5], a[4]), claimed))
 
+    def _attempt(self, ex: str, k: tuple[str, int], a: list[Any]) -> ops.AttemptRecord:
+        """The core's record of an attempt, for the core's functions that build records."""
+        return ops.AttemptRecord(
+            k[1], a[5], a[4], a[0], a[10], a[1], True, a[2], a[3], a[11],
+            a[6], None if a[6] is None else WorkItemKind.REPLY_TIMEOUT, a[7], a[8], a[9],
+        )  # fmt: skip
+
     def _fire(self, ex: str, op: str, n: int, at: int, out: list[Emission]) -> None:
         a = self.executions[ex][(op, n)]
         if a[0] is not S.SENT or a[2] != at:
@@ -239,54 +241,8 @@ class Lean:
         alert = ops.operation_alert_id(ex, op, n, AlertKind.OPERATION_UNKNOWN, ops.REPLY_TIMEOUT)
         a[0], a[1], a[10], a[6], a[7] = S.UNKNOWN, at, ops.REPLY_TIMEOUT, wi, alert
         self._state(ex, (op, n), a, out)
-        when = from_ms(at)
-        out.append(
-            self._emit(
-                self.work_topic,
-                ex,
-                op,
-                construct(
-                    ReconciliationWorkItem,
-                    {
-                        "work_item_id": wi,
-                        "operation_id": op,
-                        "execution_id": ex,
-                        "attempt": n,
-                        "idempotency_key": a[4],
-                        "connector": a[5],
-                        "kind": WorkItemKind.REPLY_TIMEOUT,
-                        "deadline": when,
-                        "created_at": when,
-                        "effect_ref": a[11],
-                        "traceparent": None,
-                    },
-                ),
-            )
-        )
-        fired = construct(
-            Alert,
-            {
-                "alert_id": alert,
-                "kind": AlertKind.OPERATION_UNKNOWN,
-                "status": AlertStatus.FIRING,
-                "severity": Severity.WARNING,
-                "execution_id": ex,
-                "subject_id": op,
-                "verdict": S.UNKNOWN.value,
-                "owner": Owner.CONNECTOR_OWNER,
-                "next_step": ops.NEXT_STEP_UNKNOWN,
-                "evidence": (
-                    f"attempt={op}#{n}",
-                    f"{ops.REPLY_TIMEOUT}={when.isoformat()}",
-                    f"connector={a[5]}",
-                    f"work_item={wi}",
-                ),
-                "occurred_at": when,
-                "resolves_alert_id": None,
-                "traceparent": None,
-                "ends_with_resolved": True,
-            },
-        )
+        item, fired = ops.timeout_records(ex, op, self._attempt(ex, (op, n), a), at)
+        out.append(self._emit(self.work_topic, ex, op, item))
         out.append(self._emit(self.alert_topic, ex, op, fired, alert_headers(fired)))
         self.dirty.add(ex)
 
@@ -294,49 +250,17 @@ class Lean:
         self,
         ex: str,
         k: tuple[str, int],
-        status: OperationStatus,
-        opened: tuple[str, str],
+        opened: list[Any],
         event: OperationEvent,
         out: list[Emission],
     ) -> None:
-        """The resolution of the attempt's work item, and the resolved alert."""
-        op, n = k
-        item, alert = opened
-        out.append(
-            self._emit(
-                self.work_topic,
-                ex,
-                op,
-                WorkItemResolution(
-                    resolution_id=ops.resolution_id(ex, op, item, status),
-                    work_item_id=item,
-                    operation_id=op,
-                    execution_id=ex,
-                    attempt=n,
-                    outcome=status,
-                    evidence_source=event.evidence_source,
-                    resolved_at=event.occurred_at,
-                    evidence=(),
-                ),
-            )
+        """The resolution of the attempt's work item and the resolved alert, as the core
+        builds them (``opened``: the attempt as it was, its work item still open)."""
+        resolution, resolved = ops._settle(
+            ops.OperationBook(ex), k[0], self._attempt(ex, k, opened), event
         )
-        resolved = Alert(
-            alert_id=ops.operation_alert_id(
-                ex, op, n, AlertKind.OPERATION_UNKNOWN, f"settled_{status}"
-            ),
-            kind=AlertKind.OPERATION_UNKNOWN,
-            status=AlertStatus.RESOLVED,
-            severity=Severity.INFO,
-            execution_id=ex,
-            subject_id=op,
-            verdict=status.value,
-            owner=Owner.CONNECTOR_OWNER,
-            next_step=f"none: settled {status} on evidence from {event.evidence_source}",
-            evidence=(f"attempt={op}#{n}", f"work_item={item}", f"event={event.event_id}"),
-            occurred_at=event.occurred_at,
-            resolves_alert_id=alert,
-        )
-        out.append(self._emit(self.alert_topic, ex, op, resolved, alert_headers(resolved)))
+        out.append(self._emit(self.work_topic, ex, k[0], resolution))
+        out.append(self._emit(self.alert_topic, ex, k[0], resolved, alert_headers(resolved)))
 
     def flush(self) -> None:
         """Every changed execution packed, as the real store writes an entry per flush."""

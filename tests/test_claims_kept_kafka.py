@@ -24,7 +24,6 @@ from streams.contracts.models.enums import EvidenceSource, OperationStatus
 from streams.contracts.models.enums import OperationEventKind as K
 from streams.contracts.models.outputs import OperationState
 from streams.core import claims as cl
-from streams.replay import run_replay
 from tests.support import deployment, worker
 from tests.test_cross_execution_kafka import (
     PARTITIONS,
@@ -35,8 +34,10 @@ from tests.test_cross_execution_kafka import (
     _on,
     _outcome,
     op,
+    replay,
 )
-from vigil_worker.claims import KEPT_BOOK_BASE_BYTES, KEPT_BOOK_BYTES_PER_CHAR, ClaimsStage
+from vigil_worker.claims import ClaimsStage
+from vigil_worker.claims import _book_weight as _weight
 
 pytestmark = pytest.mark.kafka
 
@@ -46,10 +47,6 @@ def _book(n: int) -> tuple[str, cl.KeyBook, int]:
     claim = cl.Claim("payments", f"order-{n}", f"exec-{n}", "charge-1", 1, OperationStatus.SENT, n)
     book, _ = cl.add_claim(None, claim, None)
     return cl.claims_key(claim.connector, claim.key), book, len(cl.dump_book(book))
-
-
-def _weight(length: int) -> int:
-    return KEPT_BOOK_BASE_BYTES + KEPT_BOOK_BYTES_PER_CHAR * length
 
 
 @pytest.fixture
@@ -196,14 +193,7 @@ def test_a_blind_retry_whose_claims_come_batches_apart_and_a_rebalance_before_it
             dep.tick(T0 + timedelta(minutes=8))
             live = {"records": [r.record for r in dep.read(topics, idle=3.0)]}
 
-    summary = run_replay(
-        dep.settings,
-        dep.codec,
-        T0 - timedelta(minutes=1),
-        output_suffix="-replay",
-        show_progress=False,
-        processes=1,
-    )
+    summary = replay(dep)
     assert summary.joined and summary.dead_letters == 0
     replayed = {"records": [r.record for r in dep.read([t + "-replay" for t in topics], idle=2.0)]}
     (alert,) = {x.alert_id: x for x in _forbidden(_of(live["records"], a, b))}.values()

@@ -147,6 +147,19 @@ class _workers:
             c.__exit__(*exc)
 
 
+def replay(dep: Any) -> Any:
+    """``vigil replay`` of the deployment's inputs from before T0, the join in-process, its
+    outputs on the topics with the suffix ``-replay``."""
+    return run_replay(
+        dep.settings,
+        dep.codec,
+        T0 - timedelta(minutes=1),
+        output_suffix="-replay",
+        show_progress=False,
+        processes=1,
+    )
+
+
 def _forbidden(records: list[Any]) -> list[Alert]:
     return [r for r in records if isinstance(r, Alert) and r.kind is AlertKind.FORBIDDEN_RETRY]
 
@@ -222,14 +235,7 @@ def test_a_replay_gives_the_live_alert_and_held_states(one_worker: dict[str, Any
     FORBIDDEN_RETRY (same id, both executions named) and the same final operation states,
     held by the other execution's attempt; none of the join's records among its outputs."""
     dep = one_worker["dep"]
-    summary = run_replay(
-        dep.settings,
-        dep.codec,
-        T0 - timedelta(minutes=1),
-        output_suffix="-replay",
-        show_progress=False,
-        processes=1,
-    )
+    summary = replay(dep)
     assert summary.joined and summary.retry_links > 0 and summary.dead_letters == 0
     names = {dep.topics.alerts.name, dep.topics.operation_state.name}
     replayed = [n + "-replay" for n in sorted(names)]

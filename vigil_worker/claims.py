@@ -140,9 +140,9 @@ class ClaimsStage:
         #: the length of the JSON text of each book of the batch, read or written (its weight)
         self._lengths: dict[str, int] = {}
         #: kept decoded from one batch to the next (``_keep``): per claims partition its
-        #: watermarks, and the books of the keys written or read last, with their weights,
-        #: within ``kept_bytes`` (``VIGIL_STATE_CACHE_MB``, as much as the executions' entries
-        #: may weigh); and the rebalance generation they belong to
+        #: watermarks, and the books of the keys written or read last, with their texts'
+        #: lengths, within ``kept_bytes`` (``VIGIL_STATE_CACHE_MB``, as much as the
+        #: executions' entries may weigh); and the rebalance generation they belong to
         self.kept_bytes = settings.state_cache_mb * 1024 * 1024
         self._kept_marks: dict[int, cl.Watermarks] = {}
         self._kept_books: dict[str, tuple[cl.KeyBook, int]] = {}
@@ -367,15 +367,15 @@ class ClaimsStage:
             length = lengths.get(key)
             if book is None or length is None:
                 continue
-            weight = KEPT_BOOK_BASE_BYTES + KEPT_BOOK_BYTES_PER_CHAR * length
+            weight = _book_weight(length)
             was = kept.pop(key, None)
             if was is not None:
-                self.kept_weight -= was[1]
+                self.kept_weight -= _book_weight(was[1])
             if weight > budget:
                 continue
             while self.kept_weight + weight > budget:
-                self.kept_weight -= kept.pop(next(iter(kept)))[1]
-            kept[key] = (book, weight)
+                self.kept_weight -= _book_weight(kept.pop(next(iter(kept)))[1])
+            kept[key] = (book, length)
             self.kept_weight += weight
 
     def _drop_kept(self) -> None:
@@ -402,8 +402,7 @@ class ClaimsStage:
             return self._books[key]
         kept = self._kept_books.get(key)
         if kept is not None:
-            book = kept[0]
-            self._lengths[key] = (kept[1] - KEPT_BOOK_BASE_BYTES) // KEPT_BOOK_BYTES_PER_CHAR
+            book, self._lengths[key] = kept
         else:
             text = _text(self.table.get(key))
             book = None
@@ -435,6 +434,11 @@ class ClaimsStage:
         for em in emissions:
             self.producer.send_emission(em)
         await asyncio.to_thread(self.producer.flush, 60.0)
+
+
+def _book_weight(length: int) -> int:
+    """What a book decoded from a JSON text of ``length`` characters is taken to weigh."""
+    return KEPT_BOOK_BASE_BYTES + KEPT_BOOK_BYTES_PER_CHAR * length
 
 
 def _text(value: Any) -> str | None:

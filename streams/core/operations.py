@@ -891,19 +891,17 @@ def _fire(
     deadline = rec.armed_deadline()
     assert deadline is not None
     if rec.status is S.SENT:
-        wi_kind, alert_kind, reason, next_step = (
+        wi_kind, alert_kind, reason = (
             WorkItemKind.REPLY_TIMEOUT,
             AlertKind.OPERATION_UNKNOWN,
             REPLY_TIMEOUT,
-            NEXT_STEP_UNKNOWN,
         )
         status, since = S.UNKNOWN, deadline
     else:
-        wi_kind, alert_kind, reason, next_step = (
+        wi_kind, alert_kind, reason = (
             WorkItemKind.VERIFICATION_TIMEOUT,
             AlertKind.VERIFICATION_OVERDUE,
             VERIFICATION_TIMEOUT,
-            NEXT_STEP_OVERDUE,
         )
         # Transport was confirmed: that fact stays true. The state says why it needs
         # reconciliation; the retry verdict (WAIT) is already "do not resend".
@@ -920,53 +918,60 @@ def _fire(
     )
     before, book = book, _put(book, operation_id, rec)
     out: list[Record] = [*_states(before, book, operation_id, rec, rec.idempotency_key, wi_id)]
-    at = from_ms(deadline)
-    # Both records built without re-validation: every value comes from a valid attempt.
-    out.append(
-        construct(
-            ReconciliationWorkItem,
-            {
-                "work_item_id": wi_id,
-                "operation_id": operation_id,
-                "execution_id": book.execution_id,
-                "attempt": rec.attempt,
-                "idempotency_key": rec.idempotency_key,
-                "connector": rec.connector,
-                "kind": wi_kind,
-                "deadline": at,
-                "created_at": at,
-                "effect_ref": rec.effect_ref,
-                "traceparent": None,
-            },
-        )
-    )
-    out.append(
-        construct(
-            Alert,
-            {
-                "alert_id": alert_id,
-                "kind": alert_kind,
-                "status": AlertStatus.FIRING,
-                "severity": Severity.WARNING,
-                "execution_id": book.execution_id,
-                "subject_id": operation_id,
-                "verdict": status.value,
-                "owner": Owner.CONNECTOR_OWNER,
-                "next_step": next_step,
-                "evidence": (
-                    f"attempt={operation_id}#{rec.attempt}",
-                    f"{reason}={at.isoformat()}",
-                    f"connector={rec.connector}",
-                    f"work_item={wi_id}",
-                ),
-                "occurred_at": at,
-                "resolves_alert_id": None,
-                "traceparent": None,
-                "ends_with_resolved": True,
-            },
-        )
-    )
+    out.extend(timeout_records(book.execution_id, operation_id, rec, deadline))
     return book, out
+
+
+def timeout_records(
+    execution_id: str, operation_id: str, rec: AttemptRecord, deadline: int
+) -> tuple[ReconciliationWorkItem, Alert]:
+    """The work item and the FIRING alert a fired deadline opens, ``rec`` as the firing left
+    it (its status, reason, work item and alert set), both stamped with the deadline. Built
+    without re-validation: every value comes from a valid attempt."""
+    at = from_ms(deadline)
+    wi_kind = rec.work_item_kind
+    reply = wi_kind is WorkItemKind.REPLY_TIMEOUT
+    item = construct(
+        ReconciliationWorkItem,
+        {
+            "work_item_id": rec.work_item_id,
+            "operation_id": operation_id,
+            "execution_id": execution_id,
+            "attempt": rec.attempt,
+            "idempotency_key": rec.idempotency_key,
+            "connector": rec.connector,
+            "kind": wi_kind,
+            "deadline": at,
+            "created_at": at,
+            "effect_ref": rec.effect_ref,
+            "traceparent": None,
+        },
+    )
+    alert = construct(
+        Alert,
+        {
+            "alert_id": rec.alert_id,
+            "kind": AlertKind.OPERATION_UNKNOWN if reply else AlertKind.VERIFICATION_OVERDUE,
+            "status": AlertStatus.FIRING,
+            "severity": Severity.WARNING,
+            "execution_id": execution_id,
+            "subject_id": operation_id,
+            "verdict": rec.status.value,
+            "owner": Owner.CONNECTOR_OWNER,
+            "next_step": NEXT_STEP_UNKNOWN if reply else NEXT_STEP_OVERDUE,
+            "evidence": (
+                f"attempt={operation_id}#{rec.attempt}",
+                f"{rec.reason}={at.isoformat()}",
+                f"connector={rec.connector}",
+                f"work_item={rec.work_item_id}",
+            ),
+            "occurred_at": at,
+            "resolves_alert_id": None,
+            "traceparent": None,
+            "ends_with_resolved": True,
+        },
+    )
+    return item, alert
 
 
 def _armed(book: OperationBook) -> Iterable[tuple[int, str, int]]:
