@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,16 @@ def committed_to_the_end(dep: Deployment) -> bool:
         c.close()
 
 
+def wait_committed_to_the_end(
+    dep: Deployment, timeout: float = 40, also: Callable[[], bool] = lambda: True
+) -> None:
+    """Until ``committed_to_the_end`` (and ``also``) holds; fails with the workers' logs."""
+    deadline = time.monotonic() + timeout
+    while not (also() and committed_to_the_end(dep)):
+        assert time.monotonic() < deadline, f"first part never committed\n{worker_logs(dep)}"
+        time.sleep(0.5)
+
+
 def test_a_failed_changelog_write_loses_no_state_across_a_restart(
     cluster: Any, tmp_path: Path
 ) -> None:
@@ -84,10 +95,9 @@ def test_a_failed_changelog_write_loses_no_state_across_a_restart(
         "PYTHONPATH": f"{SITE}{os.pathsep}{ROOT}",
     }
     with worker(dep, env=fault, reticks=False, ready_timeout=40) as w:
-        deadline = time.monotonic() + 40
-        while not (MESSAGE in w.log_path.read_text(errors="replace") and committed_to_the_end(dep)):
-            assert time.monotonic() < deadline, f"first part never committed\n{worker_logs(dep)}"
-            time.sleep(0.5)
+        wait_committed_to_the_end(
+            dep, also=lambda: MESSAGE in w.log_path.read_text("utf-8", "replace")
+        )
     log = w.log_path.read_text(errors="replace")
     assert log.count(f"{MESSAGE}:") >= 1 and "it will be read again" in log  # the fault was hit
 

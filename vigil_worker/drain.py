@@ -72,6 +72,8 @@ class BatchDrain:
         self.fetched_at: dict[tuple[str, int], float] = {}
         #: a batch is queued or being processed
         self.processing = False
+        #: the fetch loop waits for room in a queue (which one): the watchdog's warning says so
+        self.waiting_for_room: str | None = None
 
     @property
     def queue(self) -> asyncio.Queue[Batch]:
@@ -179,11 +181,14 @@ class BatchDrain:
                     unset_flag(CONSUMER_FETCHING)
                 closing = loop.time() >= closes_at
                 if side_batch and (len(side_batch) >= size or closing):
+                    self.waiting_for_room = "claims"
                     await _hand_over(side_queue, generation, side_batch, size)
                     side_batch = []
                 if batch and (len(batch) >= size or closing):
+                    self.waiting_for_room = "pipeline"
                     await _hand_over(queue, generation, batch, size)
                     batch = []
+                self.waiting_for_room = None
         except consumer.consumer_stopped_errors:
             if consumer.transport.app.should_stop:
                 log.info("Broker stopped consumer, shutting down...")

@@ -51,6 +51,7 @@ from vigil_worker.consumer import (
 from vigil_worker.drain import BatchDrain
 from vigil_worker.fetch_pace import FetchPace, FetchSizes, apply_sizes, running_fetcher
 from vigil_worker.lease import MembershipLease
+from vigil_worker.recovery_watch import RecoveryWatch
 
 log = logging.getLogger("vigil.pipeline")
 
@@ -187,6 +188,9 @@ class Worker:
         self.entry_limit_read = False
         #: input topic partitions this worker paused because they ran ahead (``hold_back``)
         self.paused: set[Any] = set()
+        #: Faust's table recovery, for changelog partitions that stop coming
+        self.recovery_watch = RecoveryWatch()
+        self.recovery_watcher: asyncio.Future[Any] | None = None
         self.pace = FetchPace(
             FetchSizes(
                 settings.fetch_min_bytes, int(settings.fetch_max_wait.total_seconds() * 1000)
@@ -247,6 +251,9 @@ class Worker:
         async def _assigned(app: faust.App, assigned: Any, **_: Any) -> None:
             self.lease.renew()  # the group has just been joined: membership is proven now
             self.rebalanced()
+            if self.recovery_watcher is None:
+                # Not a Faust timer: those start only once the first recovery is complete.
+                self.recovery_watcher = app.add_future(self.keep_watching_recovery())
 
     # -- rebalance steps ------------------------------------------------------------------
     def rebalanced(self) -> None:
@@ -601,6 +608,8 @@ class Worker:
         consumer = getattr(self.app, "consumer", None)
         if consumer is None:
             return
+        if getattr(self.app, "in_recovery", False):
+            return  # Faust holds the inputs back on purpose: ``watch_recovery`` looks then
         if self.drain.busy():
             return  # records are on their way: a backlog, not a stall
         guard = self.guard
@@ -644,10 +653,50 @@ class Worker:
                     tp.partition,
                     want,
                     end - 1,
-                    consumer_state(self.app, tp),
+                    consumer_state(self.app, tp, self.drain),
                 )
                 if await self.seek(tp, want, generation):
                     guard.seeks += 1
+
+    async def keep_watching_recovery(self) -> None:
+        """``watch_recovery`` every 2 s while Faust restores the tables, for the app's life."""
+        while True:
+            await asyncio.sleep(2.0)
+            if getattr(self.app, "in_recovery", False):
+                await survive_round(
+                    "the recovery watch", self.watch_recovery, self.metrics.watchdog_failures.inc
+                )
+            else:
+                self.recovery_watch.reset()
+
+    async def watch_recovery(self) -> None:
+        """Faust restores the tables: the inputs wait, paused by Faust on purpose (seeking them
+        back would only have them read twice). A changelog partition whose records stopped
+        coming is sought back to the offset recovery last applied
+        (``vigil_worker/recovery_watch.py``)."""
+        recovery = self.app.tables.recovery
+        consumer = self.app.consumer
+        generation = self.generation
+        watch = self.recovery_watch
+        for tp in watch.stalled(recovery.active_remaining(), time.monotonic()):
+            if self.generation != generation:
+                return
+            offset = max(recovery.active_offsets.get(tp) or 0, 0)
+            log.warning(
+                "%s[%s]: table recovery waited %.0f s for records up to %s, none came; "
+                "seeking back to %s (%s)",
+                tp.topic,
+                tp.partition,
+                watch.stall_after,
+                recovery.active_highwaters.get(tp),
+                offset,
+                consumer_state(self.app, tp, self.drain),
+            )
+            if await seek_in_consumer_thread(
+                consumer, tp, offset, lambda: self.generation == generation
+            ):
+                watch.nudges += 1
+                self.metrics.recovery_seeks.inc()
 
 
 def register(app: faust.App, settings: Settings, codec: AvroCodec) -> Processor:

@@ -250,6 +250,12 @@ class Metrics:
             "Rounds of the stall watchdog that raised (logged; the next round looks again)",
             registry=self.registry,
         )
+        self.recovery_seeks = Counter(
+            "vigil_recovery_seeks",
+            "Table changelog partitions sought back because Faust's recovery waited on them "
+            "with nothing coming for 15 s",
+            registry=self.registry,
+        )
         self.paused = Counter(
             "vigil_partitions_paused",
             "Times an input topic partition was paused because its events waited for the "
