@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -82,27 +83,47 @@ def wait_committed_to_the_end(
         time.sleep(0.5)
 
 
+@dataclass
+class SplitStream:
+    """A deployment of its own, the steady stream of 10 executions with its first part (up
+    to ``cut``) already played, and what the pure Processor publishes for the whole of it."""
+
+    dep: Deployment
+    steps: list[Any]
+    cut: int
+    expected: dict[str, Any]
+
+    @classmethod
+    def played(cls, cluster: Any, tmp_path: Path) -> SplitStream:
+        dep = deployment(cluster, tmp_path, partitions=3)
+        steps = steady_stream(10)
+        cut = first_part(steps, 10)
+        play(dep, steps[:cut])
+        return cls(dep, steps, cut, offline(steps, dep.settings))
+
+    def finish(self, timeout: float) -> None:
+        """The rest played (a worker runs); everything published, within ``timeout`` s,
+        checked against the pure Processor."""
+        play(self.dep, self.steps[self.cut :])
+        got = until_complete(self.dep, self.expected, quiet=10, timeout=timeout)
+        final_states(got, self.expected)
+        assert_same_as_offline(got, self.expected)
+
+
 def test_a_failed_changelog_write_loses_no_state_across_a_restart(
     cluster: Any, tmp_path: Path
 ) -> None:
-    dep = deployment(cluster, tmp_path, partitions=3)
-    steps = steady_stream(10)
-    cut = first_part(steps, 10)
-    expected = offline(steps, dep.settings)
-    play(dep, steps[:cut])
+    stream = SplitStream.played(cluster, tmp_path)
     fault = {
         "VIGIL_TEST_CHANGELOG_FAILS": "2",
         "PYTHONPATH": f"{SITE}{os.pathsep}{ROOT}",
     }
-    with worker(dep, env=fault, reticks=False, ready_timeout=40) as w:
+    with worker(stream.dep, env=fault, reticks=False, ready_timeout=40) as w:
         wait_committed_to_the_end(
-            dep, also=lambda: MESSAGE in w.log_path.read_text("utf-8", "replace")
+            stream.dep, also=lambda: MESSAGE in w.log_path.read_text(errors="replace")
         )
     log = w.log_path.read_text(errors="replace")
     assert log.count(f"{MESSAGE}:") >= 1 and "it will be read again" in log  # the fault was hit
 
-    with worker(dep, reticks=False, ready_timeout=40):
-        play(dep, steps[cut:])
-        got = until_complete(dep, expected, quiet=10, timeout=60)
-    final_states(got, expected)
-    assert_same_as_offline(got, expected)
+    with worker(stream.dep, reticks=False, ready_timeout=40):
+        stream.finish(timeout=60)

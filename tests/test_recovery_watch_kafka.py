@@ -20,16 +20,9 @@ from typing import Any
 
 import pytest
 
-from tests.support import ROOT, deployment, play, worker
-from tests.test_changelog_atomic_kafka import first_part, wait_committed_to_the_end
-from tests.test_faults_kafka import (
-    assert_same_as_offline,
-    final_states,
-    steady_stream,
-    until_complete,
-    worker_logs,
-)
-from tests.test_pipeline_kafka import offline
+from tests.support import ROOT, worker
+from tests.test_changelog_atomic_kafka import SplitStream, wait_committed_to_the_end
+from tests.test_faults_kafka import worker_logs
 
 pytestmark = pytest.mark.kafka
 
@@ -40,11 +33,8 @@ INJECTED = "injected: recovery drops"  # as the site hook prints it
 def test_a_recovery_whose_changelog_records_stop_coming_is_sought_back(
     cluster: Any, tmp_path: Path
 ) -> None:
-    dep = deployment(cluster, tmp_path, partitions=3)
-    steps = steady_stream(10)
-    cut = first_part(steps, 10)
-    expected = offline(steps, dep.settings)
-    play(dep, steps[:cut])
+    stream = SplitStream.played(cluster, tmp_path)
+    dep = stream.dep
     first = ["--data-dir", str(tmp_path / "first")]
     with worker(dep, reticks=False, ready_timeout=40, extra_args=first):
         wait_committed_to_the_end(dep)
@@ -56,10 +46,7 @@ def test_a_recovery_whose_changelog_records_stop_coming_is_sought_back(
         while "table recovery waited" not in w.log_path.read_text(errors="replace"):
             assert time.monotonic() < deadline, f"the stall was never seen\n{worker_logs(dep)}"
             time.sleep(0.5)
-        play(dep, steps[cut:])
-        got = until_complete(dep, expected, quiet=10, timeout=90)
+        stream.finish(timeout=90)
     log = w.log_path.read_text(errors="replace")
     assert INJECTED in log  # the fault was hit
     assert "Done reading from changelog topics" in log.split("table recovery waited")[-1]
-    final_states(got, expected)
-    assert_same_as_offline(got, expected)

@@ -64,17 +64,13 @@ async def seek_in_consumer_thread(
     return True
 
 
-def consumer_state(app: Any, tp: Any, drain: BatchDrain | None = None) -> str:
+def consumer_state(app: Any, tp: Any, drain: BatchDrain) -> str:
     """What Faust and aiokafka say of a partition that gets no records, and where the batch
-    drain is: the watchdog's warning carries it, for a stall that seeking back does not end."""
+    drain is: the watchdogs' warnings carry it, for a stall that seeking back does not end."""
     consumer = app.consumer
-    parts = []
-    if drain is not None:
-        parts.append(
-            f"drain_waits_for_room={drain.waiting_for_room} queued={drain.queue.qsize()} "
-            f"claims_queued={drain.side_queue.qsize()} processing={drain.processing}"
-        )
-    parts += [
+    parts = [
+        f"drain_waits_for_room={drain.waiting_for_room} queued={drain.queue.qsize()} "
+        f"claims_queued={drain.side_queue.qsize()} processing={drain.processing}",
         f"flow_active={getattr(consumer, 'flow_active', '?')}",
         f"faust_paused={tp in getattr(consumer, '_paused_partitions', ())}",
         f"faust_active={tp in (getattr(consumer, '_active_partitions', None) or ())}",
@@ -82,35 +78,14 @@ def consumer_state(app: Any, tp: Any, drain: BatchDrain | None = None) -> str:
         f"in_recovery={getattr(app, 'in_recovery', '?')}",
         f"rebalancing={getattr(app, 'rebalancing', '?')}",
     ]
-    recovery = None
     try:
         recovery = app.tables.recovery
         parts.append(f"recovery_completed={recovery.completed.is_set()}")
         parts.append(f"recovery_remaining={recovery.active_remaining_total()}")
+        parts.append(f"changelog_queue={app.tables.changelog_queue.qsize()}")
     except Exception as exc:
         parts.append(f"recovery=?({exc!r})")
-    parts.append(_fetch_state(consumer, tp))
-    if recovery is not None and getattr(app, "in_recovery", False):
-        # the changelog partitions recovery waits for, each as the fetcher sees it
-        try:
-            remaining = recovery.active_remaining()
-            queue = app.tables.changelog_queue
-            parts.append(f"changelog_queue={queue.qsize()}")
-            for ctp, left in sorted(remaining.items()):
-                if left > 0:
-                    parts.append(
-                        f"| {ctp.topic}[{ctp.partition}] read={recovery.active_offsets.get(ctp)} "
-                        f"highwater={recovery.active_highwaters.get(ctp)} "
-                        f"{_fetch_state(consumer, ctp)}"
-                    )
-        except Exception as exc:
-            parts.append(f"recovery_partitions=?({exc!r})")
-    return " ".join(parts)
-
-
-def _fetch_state(consumer: Any, tp: Any) -> str:
-    """What aiokafka's subscription and fetcher hold of ``tp``, and Faust's read offset."""
-    parts = [f"read_offset={getattr(consumer, '_read_offset', {}).get(tp)}"]
+    parts.append(f"read_offset={getattr(consumer, '_read_offset', {}).get(tp)}")
     thread = getattr(consumer, "_thread", None)
     kafka_consumer = getattr(thread, "_consumer", None)
     subscription = getattr(kafka_consumer, "_subscription", None)

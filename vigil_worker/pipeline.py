@@ -695,7 +695,6 @@ class Worker:
             if await seek_in_consumer_thread(
                 consumer, tp, offset, lambda: self.generation == generation
             ):
-                watch.nudges += 1
                 self.metrics.recovery_seeks.inc()
 
 

@@ -25,8 +25,6 @@ class RecoveryWatch:
 
     stall_after: float = 15.0
     _seen: dict[Hashable, tuple[int, float]] = field(default_factory=dict)
-    #: partitions sought back so far
-    nudges: int = 0
 
     def stalled(self, remaining: Mapping[Hashable, int], now: float) -> list[Hashable]:
         """The partitions with records left whose count has not moved for ``stall_after``
