@@ -26,8 +26,17 @@ OTHERS_LOG="$(mktemp)"
 trap 'rm -f "$OTHERS_LOG"' EXIT
 nice -n 19 bash "$ROOT/scripts/test-pythons.sh" "$@" >"$OTHERS_LOG" 2>&1 &
 OTHERS=$!
+# The main run in VIGIL_TEST_PROCESSES pytest processes (pytest-xdist; default 2, 0: one
+# process), a test file to a process, all of them sharing the one local stack the first to need
+# it starts (tests/conftest.py): most real-broker tests wait on the broker and the workers, and
+# a second process fills that time.
+PROCESSES="${VIGIL_TEST_PROCESSES:-2}"
 main=0
-python -m pytest "$@" || main=$?
+if [ "$PROCESSES" = "0" ]; then
+  python -m pytest "$@" || main=$?
+else
+  python -m pytest -n "$PROCESSES" --dist loadfile "$@" || main=$?
+fi
 others=0
 wait "$OTHERS" || others=$?
 cat "$OTHERS_LOG"

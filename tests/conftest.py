@@ -10,14 +10,18 @@ Where the cluster comes from, first match wins:
 
 1. ``KAFKA_BOOTSTRAP_SERVERS`` + ``SCHEMA_REGISTRY_URL`` in the environment (nothing started);
 2. testcontainers, when a Docker engine answers (Kafka in KRaft mode + Apicurio Registry);
-3. the project's own local stack (``streams.local.stack``: JVM processes, no Docker). It is
-   stopped at the end only if this session started it; a cluster a developer started with
-   ``vigil dev up`` keeps running.
+3. the project's own local stack (``streams.local.stack``: JVM processes, no Docker), shared
+   by every pytest process of the run (pytest-xdist's workers). It is stopped at the end only
+   if this run started it, once every process is done with it; a cluster a developer started
+   with ``vigil dev up`` keeps running.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 import pytest
@@ -34,6 +38,14 @@ Origin = Literal["env", "docker", "local"]
 hypothesis_settings.register_profile("vigil", deadline=None)
 hypothesis_settings.load_profile("vigil")
 
+# A pytest-xdist worker starts with COLUMNS=80 and LINES=24 in its environment (no terminal
+# behind it). The CLI's consoles are made at import and keep a width found in the environment
+# then, so whichever test imported them first would fix every later test's output at 80
+# columns: the tests give the width they need to each invocation instead, as in one process.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"
 REGISTRY_IMAGE = f"apicurio/apicurio-registry:{localstack.APICURIO_VERSION}"
 STARTUP_TIMEOUT_S = 180
@@ -41,10 +53,20 @@ STARTUP_TIMEOUT_S = 180
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses the cluster as ``kafka`` (before ``-m`` selection runs)."""
+    """Mark every test that uses the cluster as ``kafka`` (before ``-m`` selection runs); then
+    put the files that hold real-broker or browser tests first, each file's tests in their own
+    order. Those are the long ones (seconds to minutes each, against milliseconds): started
+    first, they do not leave one pytest-xdist process running the last of them alone while
+    the other has nothing left to do, and the short ones fill the end."""
     for item in items:
         if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.kafka)
+    long_files = {
+        item.path
+        for item in items
+        if item.get_closest_marker("kafka") or item.get_closest_marker("browser")
+    }
+    items.sort(key=lambda item: item.path not in long_files)
 
 
 @pytest.fixture(autouse=True)
@@ -94,18 +116,43 @@ def _cluster_and_origin() -> Iterator[tuple[Cluster, Origin]]:
         with _containers() as cluster:
             yield cluster, "docker"
     else:
-        running_before = localstack.is_running()
-        cluster = localstack.up(timeout=STARTUP_TIMEOUT_S)
-        try:
+        with _shared_local_stack() as cluster:
             yield cluster, "local"
+
+
+@contextmanager
+def _shared_local_stack() -> Iterator[Cluster]:
+    """The local stack, shared by every pytest process of the run (pytest-xdist's workers,
+    ``scripts/test.sh``): the first process to need it starts it, and the one that started it
+    stops it once no other process uses it.
+
+    ``localstack.up`` is idempotent and locked, but it cannot say whether this process started
+    the stack: that is decided under a lock of the tests' own (``tests-start.lock``). Every
+    process holds ``tests-users.lock`` shared while it uses the stack; the one that started it
+    takes it exclusive before stopping it, which waits for the others to finish."""
+    s = localstack.Settings.from_env()
+    s.state_dir.mkdir(parents=True, exist_ok=True)
+    users = open(s.state_dir / "tests-users.lock", "a")  # noqa: SIM115 (held for the session)
+    try:
+        with open(s.state_dir / "tests-start.lock", "a") as start:
+            fcntl.flock(start, fcntl.LOCK_EX)
+            running_before = localstack.is_running()
+            cluster = localstack.up(timeout=STARTUP_TIMEOUT_S)
+            fcntl.flock(users, fcntl.LOCK_SH)
+        started_here = [name for name, running in running_before.items() if not running]
+        try:
+            yield cluster
         finally:
-            started_here = [name for name, running in running_before.items() if not running]
+            # Before the stack can stop (and before ``_delete_shared_test_topics``, set up
+            # first): with the broker stopped, the session's topics would stay in the local
+            # stack's data dir, run after run, and a broker restarted after a crash recovers
+            # them all.
+            _delete_every_made_topic()
             if started_here:
-                # Torn down before ``_delete_shared_test_topics`` (set up first): with the
-                # broker stopped, the session's topics would stay in the local stack's data
-                # dir, run after run, and a broker restarted after a crash recovers them all.
-                _delete_every_made_topic()
+                fcntl.flock(users, fcntl.LOCK_EX)
                 localstack.down(started_here)
+    finally:
+        users.close()
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from streams.local import stack as localstack
 from streams.local.stack import Cluster, Settings
+from tests.support import own_brokers
 
 # --------------------------------------------------------------------------- pure tests
 
@@ -413,25 +414,28 @@ def test_lost_pid_file_is_recovered() -> None:
     assert settings.pid_file("kafka").read_text().strip() == str(pid)
 
 
-@pytest.mark.usefixtures("local_only")
-def test_broker_comes_back_after_sigkill(cluster: Cluster, topic: str) -> None:
+def test_broker_comes_back_after_sigkill(cluster: Cluster, tmp_path: Path) -> None:
     """A crashed broker leaves a stale pid file; up() notices, restarts it, data survives.
 
-    Leaves the cluster running for the tests after it.
-    """
-    _produce(cluster, topic, [(b"k", b"before the crash")])
-    old_pid = localstack.status()["kafka"]["pid"]
-    os.kill(old_pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while localstack.is_running()["kafka"] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    report = localstack.status()["kafka"]
-    assert not report["running"]
-    assert not report["answering"]
+    On a broker of the test's own (``own_brokers``): the session's is shared with the tests
+    that other pytest processes run meanwhile."""
+    with own_brokers(cluster, tmp_path / "state") as (own, settings):
+        topic = f"vigil-test-{uuid.uuid4().hex[:12]}"
+        _create_topic(own, topic)
+        _produce(own, topic, [(b"k", b"before the crash")])
+        old_pid = localstack.status(settings)["kafka"]["pid"]
+        os.kill(old_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while localstack.is_running(settings)["kafka"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        report = localstack.status(settings)["kafka"]
+        assert not report["running"]
+        assert not report["answering"]
 
-    assert localstack.up() == cluster
+        restarted = localstack.up(settings=settings, services=("kafka",))
+        assert restarted.bootstrap_servers == own.bootstrap_servers
 
-    report = localstack.status()["kafka"]
-    assert report["running"] and report["answering"]
-    assert report["pid"] != old_pid
-    assert _consume(cluster, topic, 1) == [(b"k", b"before the crash")]
+        report = localstack.status(settings)["kafka"]
+        assert report["running"] and report["answering"]
+        assert report["pid"] != old_pid
+        assert _consume(own, topic, 1) == [(b"k", b"before the crash")]
