@@ -30,13 +30,8 @@ OTHERS=$!
 # process), a test file to a process, all of them sharing the one local stack the first to need
 # it starts (tests/conftest.py): most real-broker tests wait on the broker and the workers, and
 # a second process fills that time.
-PROCESSES="${VIGIL_TEST_PROCESSES:-2}"
 main=0
-if [ "$PROCESSES" = "0" ]; then
-  python -m pytest "$@" || main=$?
-else
-  python -m pytest -n "$PROCESSES" --dist loadfile "$@" || main=$?
-fi
+python -m pytest -n "${VIGIL_TEST_PROCESSES:-2}" --dist loadfile "$@" || main=$?
 others=0
 wait "$OTHERS" || others=$?
 cat "$OTHERS_LOG"
